@@ -1,0 +1,28 @@
+# The two commands of the README:  make demo  (install + run the whole DAG)  and  make test  (install + tests).
+PYTHON ?= python3.11
+VENV ?= .venv
+CORES ?= 2
+BIN := $(VENV)/bin
+
+.PHONY: demo test install dry-run clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: pip takes the CPU wheel from this machine's disk instead of a multi-GB CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0 torchvision==0.28.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: install
+	$(BIN)/snakemake --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
+
+dry-run: install
+	$(BIN)/snakemake -n --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf results .snakemake

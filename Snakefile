@@ -1,0 +1,21 @@
+# dpmerge: private fine-tuning -> task vectors -> data-free merging -> evaluation, diagnostics, tables.
+# Run: snakemake --cores 2 --configfile config.yaml --workflow-profile profiles/local
+from snakemake.utils import min_version
+
+min_version("9.20")
+
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/finetune.smk"
+include: "workflow/rules/merge.smk"
+include: "workflow/rules/diagnostics.smk"
+include: "workflow/rules/paper.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

@@ -1,0 +1,54 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "workflow"))
+
+import dpmerge  # noqa: E402,F401  (defines torchvision op schemas before anything imports torchvision)
+from dpmerge.backbones import Backbone  # noqa: E402
+
+
+class ToyBackbone(Backbone):
+    """A few-parameter backbone with the layer types the real ones use (depthwise conv, linear, layer norm)."""
+
+    kind = "toy"
+    modality = "vision"
+
+    def __init__(self, checkpoint: Path, seed: int = 0):
+        torch.manual_seed(seed)
+        self.network = nn.Sequential(
+            nn.Conv2d(2, 4, 3, groups=2),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(16, 6),
+            nn.LayerNorm(6),
+        )
+        self.embed_dim = 6
+        checkpoint.write_bytes(b"toy weights")
+        self.checkpoint_path = checkpoint
+
+    def encode_inputs(self, inputs):
+        return (torch.as_tensor(inputs, dtype=torch.float32),)
+
+    def trunk(self, x):
+        return (x,)
+
+    def top(self, x):
+        return self.network(x)
+
+
+@pytest.fixture
+def toy_backbone(tmp_path):
+    return ToyBackbone(tmp_path / "toy.bin")
+
+
+@pytest.fixture
+def toy_data():
+    generator = torch.Generator().manual_seed(0)
+    features = (torch.randn(64, 2, 4, 4, generator=generator),)
+    labels = torch.randint(0, 3, (64,), generator=generator)
+    return features, labels

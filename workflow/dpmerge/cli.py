@@ -1,0 +1,455 @@
+"""Command line interface: one subcommand per pipeline stage (`dpmerge --help`).
+
+Every Snakemake rule calls one of these; each also works by hand on files a researcher already has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _json_arg(text: str, what: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"error: {what} is not valid JSON ({error}): {text!r}")
+    if not isinstance(value, dict):
+        raise SystemExit(f"error: {what} must be a JSON object, got {text!r}")
+    return value
+
+
+def _parse_params(pairs: list[str]) -> dict:
+    params = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"error: --param expects key=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params
+
+
+def backbone_from_spec(spec: dict):
+    """Build a backbone from a config entry: {kind, trainable_blocks, [max_length], [image_size], [checkpoint]}."""
+    from dpmerge.backbones import BACKBONES, load_backbone
+
+    spec = dict(spec)
+    kind = spec.pop("kind", None)
+    if kind not in BACKBONES:
+        raise SystemExit(f"error: unknown backbone kind {kind!r}; known: {', '.join(sorted(BACKBONES))}")
+    spec.pop("image_size", None)  # used by the task loader, not by the network
+    unknown = set(spec) - set(BACKBONES[kind].options)
+    if unknown:
+        raise SystemExit(
+            f"error: backbone kind {kind!r} takes no option(s) {sorted(unknown)}; "
+            f"options: {', '.join(BACKBONES[kind].options)}"
+        )
+    return load_backbone(kind, **spec)
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(max(1, threads))
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+
+def cmd_prepare(args) -> None:
+    """Load a task, run the frozen trunk once, save features and labels."""
+    from dataclasses import asdict
+
+    from dpmerge.tasks import load_task
+    from dpmerge.taskvectors import atomic_write
+
+    spec = _json_arg(args.backbone_spec, "--backbone-spec")
+    backbone = backbone_from_spec(spec)
+    started = time.time()
+    data = load_task(
+        args.task, image_size=int(spec.get("image_size", 64)), max_train=args.max_train or None,
+        max_test=args.max_test or None, seed=args.data_seed,
+    )
+    if data.spec.modality != backbone.modality:
+        raise SystemExit(
+            f"error: task {args.task!r} is a {data.spec.modality} task but backbone {args.backbone!r} "
+            f"is a {backbone.modality} backbone"
+        )
+    _log(f"[prepare] {args.task}: {len(data.train_labels)} train / {len(data.test_labels)} test examples")
+    train = backbone.trunk_features(data.train_inputs)
+    test = backbone.trunk_features(data.test_inputs)
+    payload = {
+        "task": args.task,
+        "backbone": args.backbone,
+        "task_spec": asdict(data.spec),
+        "class_names": list(data.class_names),
+        "train_features": list(train),
+        "train_labels": torch.as_tensor(data.train_labels, dtype=torch.long),
+        "test_features": list(test),
+        "test_labels": torch.as_tensor(data.test_labels, dtype=torch.long),
+        "pretrained_sha256": backbone.checkpoint_sha256,
+    }
+    atomic_write(args.out, lambda tmp: torch.save(payload, tmp))
+    _log(f"[prepare] wrote {args.out} in {time.time() - started:.1f}s")
+
+
+def cmd_pretrained(args) -> None:
+    """Save w0 restricted to the trainable (mergeable) parameters."""
+    from dpmerge.taskvectors import save_tensors
+
+    spec = _json_arg(args.backbone_spec, "--backbone-spec")
+    backbone = backbone_from_spec(spec)
+    save_tensors(
+        args.out, backbone.top_state(),
+        {"backbone": args.backbone, "spec": spec, "pretrained_sha256": backbone.checkpoint_sha256},
+    )
+    _log(f"[pretrained] wrote {args.out} ({len(backbone.trainable_names())} tensors)")
+
+
+def cmd_finetune(args) -> None:
+    from dpmerge.evaluate import load_prepared
+    from dpmerge.finetune import FinetuneConfig, finetune
+    from dpmerge.taskvectors import save_released
+
+    _set_threads(args.threads)
+    spec = _json_arg(args.backbone_spec, "--backbone-spec")
+    hparams = _json_arg(args.hparams, "--hparams")
+    prepared = load_prepared(args.data)
+    backbone = backbone_from_spec(spec)
+    if prepared["pretrained_sha256"] != backbone.checkpoint_sha256:
+        raise SystemExit(f"error: {args.data} was prepared from different pretrained weights; rerun prepare")
+    try:
+        config = FinetuneConfig(
+            method=args.method, target_epsilon=args.epsilon, seed=args.seed, **hparams
+        )
+    except TypeError as error:
+        raise SystemExit(f"error: bad fine-tuning hyperparameters {sorted(hparams)}: {error}")
+    result = finetune(
+        backbone, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
+        prepared["train_labels"], config, log=_log,
+    )
+    identity = {"backbone": args.backbone, "task": prepared["task"], "losses": result.losses}
+    save_released(args.out_head, result.head, result.record, {**identity, "artifact": "head"})
+    save_released(args.out_vector, result.task_vector, result.record, {**identity, "artifact": "task_vector"})
+    _log(f"[finetune] released {args.out_vector} (spent epsilon {result.record['spent_epsilon']})")
+
+
+def _read_task_vectors(paths: list[str]) -> tuple[list[dict], list[dict]]:
+    from dpmerge.taskvectors import check_privacy_record, load_tensors
+
+    vectors, metas = [], []
+    for path in paths:
+        tensors, meta = load_tensors(path)
+        check_privacy_record(meta, path)
+        vectors.append(tensors)
+        metas.append(meta)
+    return vectors, metas
+
+
+def _common(metas: list[dict], key: str, what: str):
+    values = {json.dumps(m.get(key)) for m in metas}
+    if len(values) != 1:
+        raise SystemExit(f"error: {what} disagree on {key!r}: {sorted(values)}")
+    return metas[0].get(key)
+
+
+def cmd_merge(args) -> None:
+    from dpmerge.merging import OPERATORS, merge
+    from dpmerge.taskvectors import load_tensors, save_tensors, tensors_sha256
+
+    params = _parse_params(args.param)
+    base, base_meta = load_tensors(args.base)
+    vectors, metas = _read_task_vectors(args.task_vectors)
+    for path, vector in zip(args.task_vectors, vectors):
+        if set(vector) != set(base):
+            raise SystemExit(f"error: {path} does not have the parameters of base {args.base}")
+    for key in ("backbone", "method", "target_epsilon", "seed", "pretrained_sha256"):
+        _common(metas, key, "task vectors")
+    if metas[0]["pretrained_sha256"] != base_meta.get("pretrained_sha256"):
+        raise SystemExit(f"error: task vectors were trained from other pretrained weights than {args.base}")
+    try:
+        merged_vector = merge(args.method, vectors, **params)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}")
+    merged = {name: base[name] + merged_vector[name] for name in base}
+    hyper = {**OPERATORS[args.method].defaults, **params}
+    meta = {
+        "artifact": "merged_model",
+        "operator": args.method,
+        "hyperparameters": hyper,
+        "backbone": metas[0]["backbone"],
+        "method": metas[0]["method"],
+        "target_epsilon": metas[0]["target_epsilon"],
+        "seed": metas[0]["seed"],
+        "pretrained_sha256": metas[0]["pretrained_sha256"],
+        "tasks": [m["task"] for m in metas],
+        "inputs": [{"path": p, "sha256": tensors_sha256(v)} for p, v in zip(args.task_vectors, vectors)],
+        # Post-processing of releases from disjoint datasets: (max eps, max delta)-DP by parallel composition.
+        "release_epsilon": max((m["spent_epsilon"] for m in metas), key=lambda e: float(e)),
+        "release_delta": max(float(m["delta"]) for m in metas),
+    }
+    save_tensors(args.out, merged, meta)
+    _log(f"[merge] {args.method} {hyper} over {len(vectors)} task vectors -> {args.out}")
+
+
+def _load_heads_and_data(heads: list[str], data: list[str]):
+    from dpmerge.evaluate import load_prepared
+    from dpmerge.taskvectors import load_tensors
+
+    if len(heads) != len(data):
+        raise SystemExit(f"error: {len(heads)} --heads but {len(data)} --data files; give one head per task")
+    out = []
+    for head_path, data_path in zip(heads, data):
+        head, meta = load_tensors(head_path)
+        prepared = load_prepared(data_path)
+        if meta.get("task") != prepared["task"]:
+            raise SystemExit(f"error: head {head_path} is for task {meta.get('task')!r}, data {data_path} for {prepared['task']!r}")
+        out.append((head, meta, prepared))
+    return out
+
+
+def _write_parquet(rows: list[dict], out: str) -> None:
+    import pandas as pd
+
+    from dpmerge.taskvectors import atomic_write
+
+    atomic_write(out, lambda tmp: pd.DataFrame(rows).to_parquet(tmp, index=False))
+
+
+def _identity(meta: dict) -> dict:
+    return {
+        "backbone": meta.get("backbone"),
+        "method": meta.get("method"),
+        "target_epsilon": str(meta.get("target_epsilon")),
+        "seed": meta.get("seed"),
+    }
+
+
+def cmd_evaluate(args) -> None:
+    from dpmerge.evaluate import evaluate_head
+    from dpmerge.taskvectors import load_tensors
+
+    _set_threads(args.threads)
+    backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
+    base, _ = load_tensors(args.base)
+    tasks = _load_heads_and_data(args.heads, args.data)
+    rows = []
+    if args.merged:
+        merged, merged_meta = load_tensors(args.merged)
+        backbone.load_top_state(merged)
+        model_label = merged_meta["operator"]
+    else:
+        if len(args.task_vectors or []) != len(tasks):
+            raise SystemExit("error: individual evaluation needs one --task-vectors file per --heads file")
+        vectors, _ = _read_task_vectors(args.task_vectors)
+        model_label = "individual"
+    for index, (head, meta, prepared) in enumerate(tasks):
+        if not args.merged:
+            backbone.load_top_state({name: base[name] + vectors[index][name] for name in base})
+        result = evaluate_head(
+            backbone, head, tuple(prepared["test_features"]), prepared["test_labels"],
+            prepared["task_spec"]["metric"],
+        )
+        rows.append({**_identity(meta), "model": model_label, "task": prepared["task"], **result})
+        _log(f"[evaluate] {model_label} {prepared['task']}: {result['metric']}={result['score']:.2f} loss={result['loss']:.4f}")
+    _write_parquet(rows, args.out)
+
+
+def cmd_drift(args) -> None:
+    from dpmerge.diagnostics import reference_drift
+    from dpmerge.taskvectors import load_tensors
+
+    base, _ = load_tensors(args.base)
+    vectors, metas = _read_task_vectors(args.task_vectors)
+    mean, per_task = reference_drift(base, vectors)
+    rows = [{**_identity(m), "task": m["task"], "drift": d, "mean_drift": mean} for m, d in zip(metas, per_task)]
+    _write_parquet(rows, args.out)
+    _log(f"[drift] mean reference drift {mean:.6f}")
+
+
+def cmd_interpolate(args) -> None:
+    import numpy as np
+
+    from dpmerge.diagnostics import barrier_height, interpolation_curve
+    from dpmerge.taskvectors import load_tensors
+
+    _set_threads(args.threads)
+    backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
+    base, _ = load_tensors(args.base)
+    merged, merged_meta = load_tensors(args.merged)
+    merged_vector = {name: merged[name] - base[name] for name in base}
+    vectors, _ = _read_task_vectors(args.task_vectors)
+    tasks = _load_heads_and_data(args.heads, args.data)
+    gammas = np.linspace(0.0, 1.0, args.points)
+    rows = []
+    for vector, (head, meta, prepared) in zip(vectors, tasks):
+        n = min(args.max_examples, int(prepared["test_labels"].shape[0]))
+        # A fixed, seeded subsample keeps the diagnostic's cost predictable and identical across models.
+        pick = torch.randperm(prepared["test_labels"].shape[0], generator=torch.Generator().manual_seed(0))[:n]
+        features = tuple(f[pick] for f in prepared["test_features"])
+        curve = interpolation_curve(
+            backbone, base, vector, merged_vector, head, features, prepared["test_labels"][pick],
+            prepared["task_spec"]["metric"], gammas,
+        )
+        barrier = barrier_height(gammas, np.array([r["loss"] for r in curve]))
+        for point in curve:
+            rows.append({**_identity(meta), "operator": merged_meta["operator"], "task": prepared["task"],
+                         **point, "barrier": barrier, "num_examples": n})
+        _log(f"[interpolate] {prepared['task']}: barrier {barrier:.4f}")
+    _write_parquet(rows, args.out)
+
+
+def cmd_table(args) -> None:
+    import pandas as pd
+
+    from dpmerge.tables import table1, write_table
+
+    frames = [pd.read_parquet(p) for p in args.scores]
+    scores = pd.concat(frames, ignore_index=True)
+    table = table1(scores)
+    for path in write_table(table, args.out_prefix, args.caption):
+        _log(f"[table] wrote {path}")
+
+
+def cmd_plot_interpolation(args) -> None:
+    import pandas as pd
+
+    from dpmerge.tables import plot_interpolation
+
+    curves = pd.concat([pd.read_parquet(p) for p in args.curves], ignore_index=True)
+    for out in args.out:
+        plot_interpolation(curves, out, args.title)
+        _log(f"[figure] wrote {out}")
+
+
+def cmd_ledger(args) -> None:
+    from dpmerge.privacy_ledger import build_ledger, check_ledger, ledger_report
+    from dpmerge.taskvectors import atomic_write
+
+    ledger = build_ledger(args.task_vectors)
+    problems = check_ledger(ledger)
+    atomic_write(args.out, lambda tmp: ledger.to_parquet(tmp, index=False))
+    atomic_write(args.report, lambda tmp: Path(tmp).write_text(ledger_report(ledger, problems)))
+    if problems:
+        raise SystemExit("error: privacy ledger check failed:\n  " + "\n  ".join(problems))
+    _log(f"[ledger] {len(ledger)} released task vectors, all within budget")
+
+
+# ---------------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dpmerge.merging import OPERATORS
+
+    parser = argparse.ArgumentParser(
+        prog="dpmerge",
+        description="Differentially private fine-tuning, task vectors and data-free merging (DP-Merging).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name, func, help_text):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    spec_help = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0", "trainable_blocks": 1}\''
+
+    p = add("prepare", cmd_prepare, "Load a task and cache the frozen trunk's features for it.")
+    p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--task", required=True, help="task name (see dpmerge.tasks.TASKS)")
+    p.add_argument("--max-train", type=int, default=None, help="cap on training examples (seeded subset; 0 = no cap)")
+    p.add_argument("--max-test", type=int, default=None, help="cap on test examples (seeded subset; 0 = no cap)")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of the seeded subsets (the train/test split itself is fixed per task)")
+    p.add_argument("--out", required=True, help="output .pt file")
+
+    p = add("pretrained", cmd_pretrained, "Save the pretrained weights w0 of the trainable (merged) parameters.")
+    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--out", required=True, help="output .safetensors")
+
+    p = add("finetune", cmd_finetune, "Fine-tune one task privately and release its task vector and head.")
+    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
+    p.add_argument("--method", required=True, help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor")
+    p.add_argument("--epsilon", type=float, default=None, help="target epsilon (delta = 1/N)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hparams", default="{}", help="JSON of FinetuneConfig fields (epochs, batch_size, lr, ...)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out-vector", required=True, help="task vector .safetensors")
+    p.add_argument("--out-head", required=True, help="task head .safetensors")
+
+    ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
+                    for name, op in OPERATORS.items())
+    p = add("merge", cmd_merge, f"Merge released task vectors. Operators: {ops}.")
+    p.add_argument("task_vectors", nargs="+", help="task vector .safetensors files")
+    p.add_argument("--method", required=True, help="merge operator name")
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors (from 'dpmerge pretrained')")
+    p.add_argument("--param", action="append", help="operator hyperparameter key=value (repeatable)")
+    p.add_argument("-o", "--out", required=True, help="merged model .safetensors")
+
+    p = add("evaluate", cmd_evaluate, "Score individual (w0 + tau_t) or merged models on each task's test set.")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
+    p.add_argument("--merged", help="merged model .safetensors (omit to evaluate the individual task vectors)")
+    p.add_argument("--task-vectors", nargs="*", help="task vectors, one per task (individual evaluation)")
+    p.add_argument("--heads", nargs="+", required=True, help="task heads, one per task")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order as --heads")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="output .parquet")
+
+    p = add("drift", cmd_drift, "Reference drift ||w_t - w0|| / ||w0|| per task vector (paper Fig. 3b).")
+    p.add_argument("--base", required=True)
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("-o", "--out", required=True)
+
+    p = add("interpolate", cmd_interpolate, "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True)
+    p.add_argument("--merged", required=True)
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("--heads", nargs="+", required=True)
+    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--points", type=int, default=11, help="number of gamma values in [0, 1]")
+    p.add_argument("--max-examples", type=int, default=200, help="seeded test subsample per task")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True)
+
+    p = add("table", cmd_table, "Table-1-shaped table (Parquet, Markdown, LaTeX) from evaluation files.")
+    p.add_argument("scores", nargs="+", help="evaluation .parquet files")
+    p.add_argument("--caption", default="")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
+
+    p = add("plot-interpolation", cmd_plot_interpolation, "Figure of interpolation curves per task and method.")
+    p.add_argument("curves", nargs="+", help="interpolation .parquet files")
+    p.add_argument("--title", default="")
+    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+
+    p = add("ledger", cmd_ledger, "Collect and check the privacy records of all released task vectors.")
+    p.add_argument("task_vectors", nargs="+")
+    p.add_argument("-o", "--out", required=True, help="ledger .parquet")
+    p.add_argument("--report", required=True, help="ledger check report .md")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,184 @@
+# Validation, the grid, wildcard constraints and input functions shared by all rules.
+import json
+
+from snakemake.utils import validate
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+from dpmerge.backbones import BACKBONES
+from dpmerge.methods import METHODS
+from dpmerge.merging import OPERATORS
+from dpmerge.tasks import TASKS
+
+RESULTS = config["results"]
+
+
+def _config_error(message):
+    raise ValueError(f"config error: {message}")
+
+
+for _name, _backbone in config["backbones"].items():
+    _modality = BACKBONES[_backbone["kind"]].modality
+    for _task in _backbone["tasks"]:
+        if _task not in TASKS:
+            _config_error(f"backbones.{_name}.tasks: unknown task {_task!r}; known tasks: {', '.join(sorted(TASKS))}")
+        if TASKS[_task].modality != _modality:
+            _config_error(
+                f"backbones.{_name}.tasks: {_task!r} is a {TASKS[_task].modality} task, "
+                f"but {_backbone['kind']!r} is a {_modality} backbone"
+            )
+for _operator, _params in config["merge"].items():
+    _unknown = set(_params) - set(OPERATORS[_operator].defaults)
+    if _unknown:
+        _config_error(
+            f"merge.{_operator}: unknown hyperparameter(s) {sorted(_unknown)}; "
+            f"allowed: {', '.join(OPERATORS[_operator].defaults) or 'none'}"
+        )
+_interp = config["diagnostics"]["interpolation"]
+if _interp["operator"] not in config["merge"]:
+    _config_error(
+        f"diagnostics.interpolation.operator: {_interp['operator']!r} is not among the configured merge "
+        f"operators ({', '.join(config['merge'])})"
+    )
+
+
+def eps_label(epsilon):
+    """One canonical spelling per epsilon: 4 and 4.0 are both 'eps4'."""
+    value = float(epsilon)
+    return f"eps{int(value)}" if value.is_integer() else f"eps{value:g}"
+
+
+def eps_value(label):
+    return None if label == "epsinf" else float(label.removeprefix("eps"))
+
+
+def eps_labels_for(method):
+    return ["epsinf"] if not METHODS[method].private else [eps_label(e) for e in config["epsilons"]]
+
+
+PRIVATE_EPS = [eps_label(e) for e in config["epsilons"]]
+SEEDS = [f"s{s}" for s in config["seeds"]]
+OPERATOR_NAMES = list(config["merge"])
+
+
+wildcard_constraints:
+    backbone="[A-Za-z0-9-]+",
+    task="[a-z0-9_]+",
+    eps=r"eps(inf|[0-9.]+)",
+    method="|".join(METHODS),
+    seed=r"s[0-9]+",
+    operator="|".join(OPERATORS),
+
+
+def backbone_spec(wildcards):
+    """Only the fields that matter for this kind, so an unrelated default never reruns its jobs."""
+    entry = config["backbones"][wildcards.backbone]
+    relevant = BACKBONES[entry["kind"]].options
+    spec = {"kind": entry["kind"], **{k: v for k, v in entry.items() if k in relevant}}
+    return json.dumps(spec, sort_keys=True)
+
+
+def finetune_hparams(wildcards):
+    entry = config["backbones"][wildcards.backbone]
+    return json.dumps({**config["finetune"], **entry.get("finetune", {})}, sort_keys=True)
+
+
+def epsilon_argument(wildcards):
+    value = eps_value(wildcards.eps)
+    return "" if value is None else f"--epsilon {value}"
+
+
+def seed_number(wildcards):
+    return int(wildcards.seed.removeprefix("s"))
+
+
+def tasks_of(wildcards):
+    return config["backbones"][wildcards.backbone]["tasks"]
+
+
+def per_task(pattern):
+    """Input function: `pattern` expanded over the backbone's tasks, other wildcards from the job."""
+
+    def inputs(wildcards):
+        return [pattern.format(task=task, **wildcards) for task in tasks_of(wildcards)]
+
+    return inputs
+
+
+TV = RESULTS + "/taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors"
+HEAD = RESULTS + "/heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors"
+DATA = RESULTS + "/data/{backbone}/{task}.pt"
+PRETRAINED = RESULTS + "/pretrained/{backbone}.safetensors"
+MERGED = RESULTS + "/merged/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors"
+SCORES_INDIVIDUAL = RESULTS + "/scores/individual/{backbone}/{eps}/{method}/{seed}.parquet"
+SCORES_MERGED = RESULTS + "/scores/merged/{backbone}/{eps}/{method}/{seed}/{operator}.parquet"
+DRIFT = RESULTS + "/diagnostics/drift/{backbone}/{eps}/{method}/{seed}.parquet"
+INTERPOLATION = RESULTS + "/diagnostics/interpolation/{backbone}/{eps}/{method}/{seed}.parquet"
+TABLE1 = RESULTS + "/tables/table1_{backbone}_{eps}"
+FIGURE_INTERPOLATION = RESULTS + "/figures/interpolation_{backbone}_{eps}"
+LEDGER = RESULTS + "/privacy/ledger"
+
+
+def release_grid():
+    """(backbone, eps, method, seed) of every release group in the config."""
+    return [
+        dict(backbone=b, eps=e, method=m, seed=s)
+        for b in config["backbones"]
+        for m in config["methods"]
+        for e in eps_labels_for(m)
+        for s in SEEDS
+    ]
+
+
+def all_task_vectors():
+    return [
+        TV.format(task=t, **g) for g in release_grid() for t in config["backbones"][g["backbone"]]["tasks"]
+    ]
+
+
+def table_scores(wildcards):
+    """Every score file a (backbone, eps) table reads: individual and merged, all methods and seeds."""
+    groups = [g for g in release_grid() if g["backbone"] == wildcards.backbone and g["eps"] == wildcards.eps]
+    files = [SCORES_INDIVIDUAL.format(**g) for g in groups]
+    files += [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES]
+    return files
+
+
+def table_curves(wildcards):
+    groups = [g for g in release_grid() if g["backbone"] == wildcards.backbone and g["eps"] == wildcards.eps]
+    return [INTERPOLATION.format(**g) for g in groups]
+
+
+def all_targets():
+    targets = [LEDGER + ".md"]
+    for g in release_grid():
+        targets.append(DRIFT.format(**g))
+    for b in config["backbones"]:
+        for e in PRIVATE_EPS:
+            targets += [TABLE1.format(backbone=b, eps=e) + ext for ext in (".parquet", ".md", ".tex")]
+            targets += [FIGURE_INTERPOLATION.format(backbone=b, eps=e) + ext for ext in (".png", ".pdf")]
+    return targets
+
+
+def operator_params(wildcards):
+    """The operator's configured hyperparameters as --param flags (a change reruns only this merge onwards)."""
+    params = config["merge"][wildcards.operator]
+    return " ".join(f"--param {key}={json.dumps(value)}" for key, value in sorted(params.items()))
+
+
+def interpolation_merged_model(wildcards):
+    return MERGED.format(operator=config["diagnostics"]["interpolation"]["operator"], **wildcards)
+
+
+def table1_caption(wildcards):
+    kind = config["backbones"][wildcards.backbone]["kind"]
+    eps = eps_value(wildcards.eps)
+    return (
+        f"Multi-task scores (0-100, each task's own metric) with {kind} ({wildcards.backbone}), "
+        f"epsilon = {eps:g}, mean over {len(SEEDS)} seed(s)."
+    )
+
+
+def interpolation_title(wildcards):
+    operator = config["diagnostics"]["interpolation"]["operator"]
+    return f"{wildcards.backbone}, epsilon = {eps_value(wildcards.eps):g}: path from task model to {operator} merge"

@@ -1,0 +1,45 @@
+# Geometric diagnostics of each release group: reference drift and interpolation paths to the merged model.
+
+
+rule drift:
+    input:
+        base=PRETRAINED,
+        vectors=per_task(TV),
+    output:
+        DRIFT,
+    log:
+        RESULTS + "/logs/drift/{backbone}/{eps}/{method}/{seed}.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime="30m",
+    shell:
+        "dpmerge drift --base {input.base} --task-vectors {input.vectors} -o {output} > {log} 2>&1"
+
+
+rule interpolation:
+    input:
+        base=PRETRAINED,
+        merged=interpolation_merged_model,
+        vectors=per_task(TV),
+        heads=per_task(HEAD),
+        data=per_task(DATA),
+    output:
+        INTERPOLATION,
+    params:
+        spec=backbone_spec,
+        points=config["diagnostics"]["interpolation"]["points"],
+        max_examples=config["diagnostics"]["interpolation"]["max_examples"],
+    log:
+        RESULTS + "/logs/interpolation/{backbone}/{eps}/{method}/{seed}.log",
+    benchmark:
+        RESULTS + "/benchmarks/interpolation/{backbone}/{eps}/{method}/{seed}.tsv"
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime="1h",
+    shell:
+        "dpmerge interpolate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} "
+        "--points {params.points} --max-examples {params.max_examples} --threads {threads} "
+        "-o {output} > {log} 2>&1"

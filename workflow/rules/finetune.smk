@@ -1,0 +1,84 @@
+# Fan-out: pretrained weights, cached trunk features per task, one private fine-tune per
+# (backbone, task, epsilon, method, seed).
+
+
+rule pretrained:
+    output:
+        PRETRAINED,
+    params:
+        spec=backbone_spec,
+    log:
+        RESULTS + "/logs/pretrained/{backbone}.log",
+    benchmark:
+        RESULTS + "/benchmarks/pretrained/{backbone}.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime="10m",
+    shell:
+        "dpmerge pretrained --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "--out {output} > {log} 2>&1"
+
+
+rule prepare:
+    output:
+        DATA,
+    params:
+        spec=backbone_spec,
+        max_train=config["data"]["max_train"] or 0,
+        max_test=config["data"]["max_test"] or 0,
+        seed=config["data"]["seed"],
+    log:
+        RESULTS + "/logs/prepare/{backbone}/{task}.log",
+    benchmark:
+        RESULTS + "/benchmarks/prepare/{backbone}/{task}.tsv"
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime="30m",
+    shell:
+        "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
+        "--data-seed {params.seed} --out {output} > {log} 2>&1"
+
+
+rule finetune:
+    input:
+        data=DATA,
+    output:
+        vector=TV,
+        head=HEAD,
+    params:
+        spec=backbone_spec,
+        hparams=finetune_hparams,
+        epsilon=epsilon_argument,
+        seed=seed_number,
+    log:
+        RESULTS + "/logs/finetune/{backbone}/{eps}/{method}/{seed}/{task}.log",
+    benchmark:
+        RESULTS + "/benchmarks/finetune/{backbone}/{eps}/{method}/{seed}/{task}.tsv"
+    threads: config["threads"]
+    resources:
+        mem_mb=6000,
+        runtime="12h",
+    shell:
+        "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "--data {input.data} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
+        "--hparams {params.hparams:q} --threads {threads} "
+        "--out-vector {output.vector} --out-head {output.head} > {log} 2>&1"
+
+
+rule privacy_ledger:
+    input:
+        all_task_vectors(),
+    output:
+        table=LEDGER + ".parquet",
+        report=LEDGER + ".md",
+    log:
+        RESULTS + "/logs/privacy_ledger.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge ledger {input} --out {output.table} --report {output.report} > {log} 2>&1"

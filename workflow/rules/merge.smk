@@ -1,0 +1,70 @@
+# Fan-in: merge each release group's task vectors with every configured operator, then score every
+# individual and merged model on every task's test set.
+
+
+rule merge:
+    input:
+        base=PRETRAINED,
+        vectors=per_task(TV),
+    output:
+        MERGED,
+    params:
+        hyper=operator_params,
+    log:
+        RESULTS + "/logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log",
+    benchmark:
+        RESULTS + "/benchmarks/merge/{backbone}/{eps}/{method}/{seed}/{operator}.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime="1h",
+    shell:
+        "dpmerge merge --method {wildcards.operator} --base {input.base} {params.hyper} "
+        "-o {output} {input.vectors} > {log} 2>&1"
+
+
+rule evaluate_individual:
+    input:
+        base=PRETRAINED,
+        vectors=per_task(TV),
+        heads=per_task(HEAD),
+        data=per_task(DATA),
+    output:
+        SCORES_INDIVIDUAL,
+    params:
+        spec=backbone_spec,
+    log:
+        RESULTS + "/logs/evaluate_individual/{backbone}/{eps}/{method}/{seed}.log",
+    benchmark:
+        RESULTS + "/benchmarks/evaluate_individual/{backbone}/{eps}/{method}/{seed}.tsv"
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime="1h",
+    shell:
+        "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
+        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} "
+        "--threads {threads} -o {output} > {log} 2>&1"
+
+
+rule evaluate_merged:
+    input:
+        base=PRETRAINED,
+        merged=MERGED,
+        heads=per_task(HEAD),
+        data=per_task(DATA),
+    output:
+        SCORES_MERGED,
+    params:
+        spec=backbone_spec,
+    log:
+        RESULTS + "/logs/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.log",
+    benchmark:
+        RESULTS + "/benchmarks/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.tsv"
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime="1h",
+    shell:
+        "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        "--heads {input.heads} --data {input.data} --threads {threads} -o {output} > {log} 2>&1"
