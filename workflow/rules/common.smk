@@ -13,6 +13,11 @@ from dpmerge.tasks import TASKS
 RESULTS = config["results"]
 
 
+def result(path):
+    """A path under the configured results folder."""
+    return f"{RESULTS}/{path}"
+
+
 def _config_error(message):
     raise ValueError(f"config error: {message}")
 
@@ -105,18 +110,19 @@ def per_task(pattern):
     return inputs
 
 
-TV = RESULTS + "/taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors"
-HEAD = RESULTS + "/heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors"
-DATA = RESULTS + "/data/{backbone}/{task}.pt"
-PRETRAINED = RESULTS + "/pretrained/{backbone}.safetensors"
-MERGED = RESULTS + "/merged/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors"
-SCORES_INDIVIDUAL = RESULTS + "/scores/individual/{backbone}/{eps}/{method}/{seed}.parquet"
-SCORES_MERGED = RESULTS + "/scores/merged/{backbone}/{eps}/{method}/{seed}/{operator}.parquet"
-DRIFT = RESULTS + "/diagnostics/drift/{backbone}/{eps}/{method}/{seed}.parquet"
-INTERPOLATION = RESULTS + "/diagnostics/interpolation/{backbone}/{eps}/{method}/{seed}.parquet"
-TABLE1 = RESULTS + "/tables/table1_{backbone}_{eps}"
-FIGURE_INTERPOLATION = RESULTS + "/figures/interpolation_{backbone}_{eps}"
-LEDGER = RESULTS + "/privacy/ledger"
+TV = result("taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
+HEAD = result("heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
+DATA = result("data/{backbone}/{task}.pt")
+PRETRAINED = result("pretrained/{backbone}.safetensors")
+MERGED = result("merged/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors")
+SCORES_INDIVIDUAL = result("scores/individual/{backbone}/{eps}/{method}/{seed}.parquet")
+SCORES_MERGED = result("scores/merged/{backbone}/{eps}/{method}/{seed}/{operator}.parquet")
+DRIFT = result("diagnostics/drift/{backbone}/{eps}/{method}/{seed}.parquet")
+INTERPOLATION = result("diagnostics/interpolation/{backbone}/{eps}/{method}/{seed}.parquet")
+TABLE1 = result("tables/table1_{backbone}_{eps}")
+FIGURE_INTERPOLATION = result("figures/interpolation_{backbone}_{eps}")
+LEDGER_TABLE = result("privacy/ledger.parquet")
+LEDGER_REPORT = result("privacy/ledger.md")
 
 
 def release_grid():
@@ -150,7 +156,7 @@ def table_curves(wildcards):
 
 
 def all_targets():
-    targets = [LEDGER + ".md"]
+    targets = [LEDGER_REPORT]
     for g in release_grid():
         targets.append(DRIFT.format(**g))
     for b in config["backbones"]:

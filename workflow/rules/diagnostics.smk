@@ -8,7 +8,7 @@ rule drift:
     output:
         DRIFT,
     log:
-        RESULTS + "/logs/drift/{backbone}/{eps}/{method}/{seed}.log",
+        result("logs/drift/{backbone}/{eps}/{method}/{seed}.log"),
     threads: 1
     resources:
         mem_mb=2000,
@@ -31,9 +31,9 @@ rule interpolation:
         points=config["diagnostics"]["interpolation"]["points"],
         max_examples=config["diagnostics"]["interpolation"]["max_examples"],
     log:
-        RESULTS + "/logs/interpolation/{backbone}/{eps}/{method}/{seed}.log",
+        result("logs/interpolation/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
-        RESULTS + "/benchmarks/interpolation/{backbone}/{eps}/{method}/{seed}.tsv"
+        result("benchmarks/interpolation/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
         mem_mb=4000,

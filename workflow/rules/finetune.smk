@@ -8,9 +8,9 @@ rule pretrained:
     params:
         spec=backbone_spec,
     log:
-        RESULTS + "/logs/pretrained/{backbone}.log",
+        result("logs/pretrained/{backbone}.log"),
     benchmark:
-        RESULTS + "/benchmarks/pretrained/{backbone}.tsv"
+        result("benchmarks/pretrained/{backbone}.tsv")
     threads: 1
     resources:
         mem_mb=2000,
@@ -29,9 +29,9 @@ rule prepare:
         max_test=config["data"]["max_test"] or 0,
         seed=config["data"]["seed"],
     log:
-        RESULTS + "/logs/prepare/{backbone}/{task}.log",
+        result("logs/prepare/{backbone}/{task}.log"),
     benchmark:
-        RESULTS + "/benchmarks/prepare/{backbone}/{task}.tsv"
+        result("benchmarks/prepare/{backbone}/{task}.tsv")
     threads: config["threads"]
     resources:
         mem_mb=4000,
@@ -39,7 +39,7 @@ rule prepare:
     shell:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
-        "--data-seed {params.seed} --out {output} > {log} 2>&1"
+        "--data-seed {params.seed} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule finetune:
@@ -54,9 +54,9 @@ rule finetune:
         epsilon=epsilon_argument,
         seed=seed_number,
     log:
-        RESULTS + "/logs/finetune/{backbone}/{eps}/{method}/{seed}/{task}.log",
+        result("logs/finetune/{backbone}/{eps}/{method}/{seed}/{task}.log"),
     benchmark:
-        RESULTS + "/benchmarks/finetune/{backbone}/{eps}/{method}/{seed}/{task}.tsv"
+        result("benchmarks/finetune/{backbone}/{eps}/{method}/{seed}/{task}.tsv")
     threads: config["threads"]
     resources:
         mem_mb=6000,
@@ -72,10 +72,10 @@ rule privacy_ledger:
     input:
         all_task_vectors(),
     output:
-        table=LEDGER + ".parquet",
-        report=LEDGER + ".md",
+        table=LEDGER_TABLE,
+        report=LEDGER_REPORT,
     log:
-        RESULTS + "/logs/privacy_ledger.log",
+        result("logs/privacy_ledger.log"),
     threads: 1
     resources:
         mem_mb=1000,

@@ -11,9 +11,9 @@ rule merge:
     params:
         hyper=operator_params,
     log:
-        RESULTS + "/logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log",
+        result("logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
-        RESULTS + "/benchmarks/merge/{backbone}/{eps}/{method}/{seed}/{operator}.tsv"
+        result("benchmarks/merge/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
     threads: 1
     resources:
         mem_mb=4000,
@@ -34,9 +34,9 @@ rule evaluate_individual:
     params:
         spec=backbone_spec,
     log:
-        RESULTS + "/logs/evaluate_individual/{backbone}/{eps}/{method}/{seed}.log",
+        result("logs/evaluate_individual/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
-        RESULTS + "/benchmarks/evaluate_individual/{backbone}/{eps}/{method}/{seed}.tsv"
+        result("benchmarks/evaluate_individual/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
         mem_mb=4000,
@@ -58,9 +58,9 @@ rule evaluate_merged:
     params:
         spec=backbone_spec,
     log:
-        RESULTS + "/logs/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.log",
+        result("logs/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
-        RESULTS + "/benchmarks/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.tsv"
+        result("benchmarks/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
     threads: config["threads"]
     resources:
         mem_mb=4000,

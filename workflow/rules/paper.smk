@@ -10,7 +10,7 @@ rule table1:
         prefix=TABLE1,
         caption=table1_caption,
     log:
-        RESULTS + "/logs/table1/{backbone}_{eps}.log",
+        result("logs/table1/{backbone}_{eps}.log"),
     threads: 1
     resources:
         mem_mb=1000,
@@ -27,7 +27,7 @@ rule figure_interpolation:
     params:
         title=interpolation_title,
     log:
-        RESULTS + "/logs/figure_interpolation/{backbone}_{eps}.log",
+        result("logs/figure_interpolation/{backbone}_{eps}.log"),
     threads: 1
     resources:
         mem_mb=1000,
