@@ -1,5 +1,7 @@
 # Validation, the grid, wildcard constraints and input functions shared by all rules.
 import json
+import os
+import sys
 
 from snakemake.utils import validate
 
@@ -11,6 +13,10 @@ from dpmerge.merging import OPERATORS
 from dpmerge.tasks import TASKS
 
 RESULTS = config["results"]
+
+# Rules call the `dpmerge` command installed beside the Python that runs Snakemake (e.g. .venv/bin), also when
+# the virtual environment was not activated.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
 def result(path):
