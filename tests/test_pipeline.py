@@ -67,6 +67,7 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     assert "PASS" in (results / "privacy/ledger.md").read_text()
     _, meta = load_tensors(results / "taskvectors/effnet/eps4/dp_merging/s0/digits.safetensors")
     assert all(field in meta for field in PRIVACY_FIELDS)
+    assert "losses" not in meta  # non-private training statistics never leave the job log
     assert meta["queries_per_step"] == 2 and meta["delta"] == pytest.approx(1 / 48)
 
     # the weight-averaging merge is w0 + the mean of the task vectors

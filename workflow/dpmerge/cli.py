@@ -140,7 +140,8 @@ def cmd_finetune(args) -> None:
         backbone, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
         prepared["train_labels"], config, log=_log,
     )
-    identity = {"backbone": args.backbone, "task": prepared["task"], "losses": result.losses}
+    # Training losses are statistics of private data: they stay in the job log, never in a released file.
+    identity = {"backbone": args.backbone, "task": prepared["task"]}
     save_released(args.out_head, result.head, result.record, {**identity, "artifact": "head"})
     save_released(args.out_vector, result.task_vector, result.record, {**identity, "artifact": "task_vector"})
     _log(f"[finetune] released {args.out_vector} (spent epsilon {result.record['spent_epsilon']})")

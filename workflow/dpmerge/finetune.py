@@ -188,7 +188,7 @@ class TrainingResult:
     task_vector: dict[str, torch.Tensor]
     head: dict[str, torch.Tensor]
     record: dict
-    losses: list[float]
+    losses: list[float]  # non-private training losses (local diagnostics; never released)
 
 
 def finetune(
@@ -259,6 +259,7 @@ def finetune(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if step % config.log_every == 0 or step == steps - 1:
+                # Progress for the local log only: this loss is NOT privatized and must never be released.
                 with torch.no_grad():
                     loss = F.cross_entropy(model(*features), labels).item() if labels.numel() else float("nan")
                 losses.append(loss)
