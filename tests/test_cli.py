@@ -73,7 +73,7 @@ def test_merge_names_unknown_operator_and_hyperparameter(released):
     common = ["--base", str(folder / "w0.safetensors"), "-o", str(folder / "m.safetensors"), *paths]
     with pytest.raises(SystemExit, match="known operators"):
         main(["merge", "--method", "fisher", *common])
-    with pytest.raises(SystemExit, match="allowed: density, scaling, merge_func, topk_scope"):
+    with pytest.raises(SystemExit, match="allowed: density, merge_func, scaling, topk_scope"):
         main(["merge", "--method", "ties", "--param", "lambda=1", *common])
 
 
