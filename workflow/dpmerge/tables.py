@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpmerge.taskvectors import atomic_write
+
 METHOD_LABELS = {
     "nonprivate": "Non-private",
     "naive_dp": "DP",
@@ -108,8 +110,6 @@ def to_latex(table: pd.DataFrame, caption: str = "", label: str = "") -> str:
 
 def write_table(table: pd.DataFrame, prefix: str | Path, caption: str) -> list[Path]:
     """Write <prefix>.parquet, .md and .tex (atomically) and return their paths."""
-    from dpmerge.taskvectors import atomic_write
-
     prefix = Path(prefix)
     paths = [prefix.with_suffix(".parquet"), prefix.with_suffix(".md"), prefix.with_suffix(".tex")]
     atomic_write(paths[0], lambda tmp: table.reset_index().to_parquet(tmp, index=False))
@@ -146,8 +146,6 @@ def plot_interpolation(curves: pd.DataFrame, out: str | Path, title: str) -> Non
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    from dpmerge.taskvectors import atomic_write
-
     out = Path(out)
     atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120, format=out.suffix.lstrip(".")))
     plt.close(fig)

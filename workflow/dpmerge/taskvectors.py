@@ -10,6 +10,7 @@ write one without it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -90,8 +91,6 @@ def save_released(path: str | Path, tensors: dict[str, torch.Tensor], record: di
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     """Order-independent content hash of a tensor mapping (names, dtypes, shapes and bytes)."""
-    import hashlib
-
     digest = hashlib.sha256()
     for key in sorted(tensors):
         value = tensors[key].detach().contiguous().cpu()
