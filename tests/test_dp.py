@@ -1,6 +1,7 @@
 """The DP step: per-sample clipping against a brute-force loop, Eq. (4)-(7) against hand computation."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -192,3 +193,68 @@ def test_finetune_is_deterministic_given_the_seed(toy_backbone, toy_data):
 def test_unknown_method_lists_the_known_ones():
     with pytest.raises(ValueError, match="known methods: nonprivate, naive_dp, dp_merging, dp_sam, dp_anchor"):
         FinetuneConfig(method="dpsgd", target_epsilon=1.0)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone, toy_data, tmp_path):
+    features, labels = toy_data
+    config = FinetuneConfig(method="dp_merging", target_epsilon=4.0, epochs=2.0, batch_size=8, lr=1e-2,
+                            seed=5, log_every=1)
+    reference = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    checkpoint = tmp_path / "run.ckpt"
+
+    def kill_at_step_8(message):
+        if "step 8/16" in message:
+            raise Killed
+
+    with pytest.raises(Killed):
+        finetune(toy_backbone, 3, features, labels, config, log=kill_at_step_8, checkpoint=checkpoint,
+                 checkpoint_every=3)
+    assert checkpoint.exists()
+    messages = []
+    resumed = finetune(toy_backbone, 3, features, labels, config, log=messages.append, checkpoint=checkpoint,
+                       checkpoint_every=3)
+    assert any("resumed from" in m and "at step 6/16" in m for m in messages)
+    assert resumed.record == reference.record  # same steps, sigma and spent epsilon: nothing spent twice
+    for key in reference.task_vector:
+        assert torch.equal(resumed.task_vector[key], reference.task_vector[key])
+    for key in reference.head:
+        assert torch.equal(resumed.head[key], reference.head[key])
+    assert not checkpoint.exists()
+
+
+@pytest.mark.parametrize("kind", ["foreign", "corrupt"])
+def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(toy_backbone, toy_data, tmp_path, kind):
+    features, labels = toy_data
+    config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2, seed=2)
+    reference = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    checkpoint = tmp_path / "run.ckpt"
+    if kind == "corrupt":
+        checkpoint.write_bytes(b"not a checkpoint")
+    else:
+        other = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2, seed=9)
+
+        def kill_at_step_5(message):
+            if "step 5/8" in message:
+                raise Killed
+
+        with pytest.raises(Killed):
+            finetune(toy_backbone, 3, features, labels, replace(other, log_every=1), log=kill_at_step_5,
+                     checkpoint=checkpoint, checkpoint_every=2)
+        assert checkpoint.exists()
+    messages = []
+    result = finetune(toy_backbone, 3, features, labels, config, log=messages.append, checkpoint=checkpoint)
+    expected = "unreadable" if kind == "corrupt" else "belongs to another run (differs in ['config'])"
+    assert any(str(checkpoint) in m and expected in m for m in messages), messages
+    for key in reference.task_vector:
+        assert torch.equal(result.task_vector[key], reference.task_vector[key])
+
+
+def test_delta_at_or_above_one_over_n_is_refused(toy_backbone, toy_data):
+    features, labels = toy_data
+    config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, delta=1 / 64)
+    with pytest.raises(ValueError, match=r"delta must be in \(0, 1/N\)"):
+        finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)

@@ -138,7 +138,8 @@ def cmd_finetune(args) -> None:
         raise SystemExit(f"error: bad fine-tuning hyperparameters {sorted(hparams)}: {error}")
     result = finetune(
         backbone, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
-        prepared["train_labels"], config, log=_log,
+        prepared["train_labels"], config, log=_log, checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
     )
     # Training losses are statistics of private data: they stay in the job log, never in a released file.
     identity = {"backbone": args.backbone, "task": prepared["task"]}
@@ -400,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out-vector", required=True, help="task vector .safetensors")
     p.add_argument("--out-head", required=True, help="task head .safetensors")
+    p.add_argument("--checkpoint", help="resumable state file, kept outside the outputs (removed when done)")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATORS.items())

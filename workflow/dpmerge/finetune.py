@@ -22,6 +22,7 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from opacus import GradSampleModule
 from dpmerge.backbones import Backbone, TaskModel
 from dpmerge.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.privacy import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
+from dpmerge.taskvectors import atomic_write, tensors_sha256
 
 # Opacus's backward hooks fire on the first trainable module, whose input (cached trunk features) never
 # requires grad; torch warns about that on every step although per-sample gradients are exact (tested).
@@ -183,6 +185,36 @@ def method_update(
 # ------------------------------------------------------------------------------------------------ training
 
 
+def _save_checkpoint(path: Path, fingerprint: dict, step: int, params, optimizer, sampler, noise) -> None:
+    state = {
+        "fingerprint": fingerprint,
+        "step": step,
+        "params": [p.detach().clone() for p in params],
+        "optimizer": optimizer.state_dict(),
+        "sampler": sampler.get_state(),
+        "noise": noise.get_state(),
+    }
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _load_checkpoint(path: Path, fingerprint: dict, log) -> dict | None:
+    """The saved state, or None (start clean) when there is none or it belongs to another run."""
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        saved = state["fingerprint"]
+    except Exception as error:  # a truncated or foreign file: never trust it, never crash on it
+        log(f"[finetune] checkpoint {path} is unreadable ({type(error).__name__}: {error}); starting clean")
+        return None
+    if saved != fingerprint:
+        differing = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
+        log(f"[finetune] checkpoint {path} belongs to another run (differs in {differing}); starting clean")
+        return None
+    return state
+
+
+
 @dataclass
 class TrainingResult:
     task_vector: dict[str, torch.Tensor]
@@ -198,12 +230,22 @@ def finetune(
     train_labels: torch.Tensor,
     config: FinetuneConfig,
     log=print,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 10,
 ) -> TrainingResult:
-    """Fine-tune the backbone's top and a fresh head on one task; return the task vector and privacy record."""
+    """Fine-tune the backbone's top and a fresh head on one task; return the task vector and privacy record.
+
+    With `checkpoint`, the run saves its full state there every `checkpoint_every` steps and, when started
+    again, resumes from it: the resumed run is bit-identical to an uninterrupted one (same batches, same noise)
+    so the released vector and its privacy record are the same. Steps lost after the last checkpoint released
+    nothing and are recomputed identically, so no budget is spent twice. The file is removed after training.
+    """
     method = METHODS[config.method]
     num_examples = int(train_labels.shape[0])
     if config.batch_size > num_examples:
         raise ValueError(f"batch_size {config.batch_size} exceeds the {num_examples} training examples")
+    if config.delta is not None and method.private and not 0 < config.delta < 1.0 / num_examples:
+        raise ValueError(f"delta must be in (0, 1/N) = (0, {1.0 / num_examples:.3g}), got {config.delta}")
     sample_rate = config.batch_size / num_examples
     steps = max(1, round(config.epochs / sample_rate))
     delta = config.delta if config.delta is not None else 1.0 / num_examples
@@ -245,11 +287,32 @@ def finetune(
             F.cross_entropy(model(*features), labels).backward()
         return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 
+    fingerprint = {
+        "config": asdict(config),
+        "num_examples": num_examples,
+        "data_sha256": tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}}),
+        "pretrained_sha256": backbone.checkpoint_sha256,
+        "parameters": names,
+        "sigma": sigma,
+    }
+    first_step = 0
+    if checkpoint is not None:
+        state = _load_checkpoint(Path(checkpoint), fingerprint, log)
+        if state is not None:
+            with torch.no_grad():
+                for p, value in zip(params, state["params"]):
+                    p.copy_(value)
+            optimizer.load_state_dict(state["optimizer"])
+            sampler.set_state(state["sampler"])
+            noise.set_state(state["noise"])
+            first_step = state["step"]
+            log(f"[finetune] resumed from {checkpoint} at step {first_step}/{steps}")
+
     try:
         query = private_query if method.private else nonprivate_gradient
         losses: list[float] = []
         started = time.time()
-        for step in range(steps):
+        for step in range(first_step, steps):
             batch = poisson_batch(num_examples, sample_rate, sampler)
             features = tuple(f[batch] for f in train_features)
             labels = train_labels[batch]
@@ -258,6 +321,8 @@ def finetune(
                 p.grad = u
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+                _save_checkpoint(Path(checkpoint), fingerprint, step + 1, params, optimizer, sampler, noise)
             if step % config.log_every == 0 or step == steps - 1:
                 # Progress for the local log only: this loss is NOT privatized and must never be released.
                 with torch.no_grad():
@@ -267,6 +332,9 @@ def finetune(
                     f"[finetune] step {step + 1}/{steps} batch={labels.numel()} loss={loss:.4f} "
                     f"elapsed={time.time() - started:.1f}s"
                 )
+    except BaseException:
+        backbone.load_top_state(pretrained)  # the shared backbone must not keep a half-trained top
+        raise
     finally:
         if per_sample is not None:
             per_sample._close()  # remove hooks: the backbone is shared with later models in this process
@@ -304,4 +372,6 @@ def finetune(
         "num_train_examples": num_examples,
         "hyperparameters": {k: v for k, v in asdict(config).items() if k != "log_every"},
     }
+    if checkpoint is not None:
+        Path(checkpoint).unlink(missing_ok=True)
     return TrainingResult(task_vector, head, record, losses)

@@ -53,6 +53,8 @@ rule finetune:
         hparams=finetune_hparams,
         epsilon=epsilon_argument,
         seed=seed_number,
+        # Not an output: Snakemake deletes a failed job's outputs, and this must survive a kill to resume.
+        checkpoint=result("checkpoints/{backbone}/{eps}/{method}/{seed}/{task}.pt"),
     log:
         result("logs/finetune/{backbone}/{eps}/{method}/{seed}/{task}.log"),
     benchmark:
@@ -65,7 +67,7 @@ rule finetune:
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
         "--hparams {params.hparams:q} --threads {threads} "
-        "--out-vector {output.vector} --out-head {output.head} > {log} 2>&1"
+        "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} > {log} 2>&1"
 
 
 rule privacy_ledger:
