@@ -258,3 +258,12 @@ def test_delta_at_or_above_one_over_n_is_refused(toy_backbone, toy_data):
     config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, delta=1 / 64)
     with pytest.raises(ValueError, match=r"delta must be in \(0, 1/N\)"):
         finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+
+
+def test_nonprivate_reference_records_infinite_epsilon(toy_backbone, toy_data):
+    features, labels = toy_data
+    config = FinetuneConfig(method="nonprivate", target_epsilon=None, epochs=1.0, batch_size=8, lr=1e-2)
+    result = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    assert result.record["target_epsilon"] == "inf" and result.record["spent_epsilon"] == "inf"
+    assert result.record["noise_multiplier"] == 0.0 and result.record["queries_per_step"] == 1
+    assert any(v.abs().sum() > 0 for v in result.task_vector.values())

@@ -142,3 +142,20 @@ def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, mess
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_path):
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    config.update(methods=["nonprivate", "naive_dp", "dp_merging", "dp_sam", "dp_anchor"], epsilons=[1, 4])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(tmp_path, "-n", "--quiet", "rules")
+    assert result.returncode == 0, result.stderr[-2000:]
+    jobs = planned_jobs(result.stdout + result.stderr)
+    tasks = 4
+    # nonprivate runs once per task (epsinf); the four private methods once per task and epsilon
+    assert jobs["finetune"] == tasks * (1 + 4 * 2)
+    assert jobs["merge"] == 2 * (1 + 4 * 2) * 2  # backbones x release groups x operators
+    assert jobs["table1"] == 2 * 2  # per backbone and private epsilon
+    listing = snakemake(tmp_path, "-n", "--printshellcmds")
+    assert "taskvectors/effnet/epsinf/nonprivate/s0/digits.safetensors" in listing.stdout
+    assert "--method nonprivate  --seed 0" in listing.stdout  # no --epsilon for the non-private reference

@@ -31,6 +31,8 @@ def _label(mapping: dict, key: str) -> str:
 def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp_merging") -> pd.DataFrame:
     """Table-1-shaped frame: index = row labels, columns = tasks + 'Avg.'; mean over seeds.
 
+    Non-private reference rows (individual and per operator) are included when such runs are present.
+
     `scores` has columns model ('individual' or an operator), method, task, score and, for individual
     models, source_task (the task the vector was trained on; only its own task counts as "Individual").
     """
@@ -50,13 +52,15 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
         return pd.concat([values, pd.Series({"Avg.": values.mean()})])
 
     rows: dict[str, pd.Series] = {}
-    for method in (baseline, proposed):
+    for method in ("nonprivate", baseline, proposed):
         if (r := row("individual", method)) is not None:
             rows[f"{_label(METHOD_LABELS, method)} Individual"] = r
     operators = [m for m in dict.fromkeys(scores["model"]) if m != "individual"]
     for operator in operators:
         base, ours = row(operator, baseline), row(operator, proposed)
         op = _label(OPERATOR_LABELS, operator)
+        if (reference := row(operator, "nonprivate")) is not None:
+            rows[f"{_label(METHOD_LABELS, 'nonprivate')} + {op}"] = reference
         if base is not None:
             rows[f"{_label(METHOD_LABELS, baseline)} + {op}"] = base
         if ours is not None:

@@ -148,17 +148,25 @@ def all_task_vectors():
     ]
 
 
+def table_groups(wildcards):
+    """Release groups shown for one (backbone, eps): that epsilon's, plus the non-private reference if run."""
+    return [
+        g
+        for g in release_grid()
+        if g["backbone"] == wildcards.backbone and g["eps"] in (wildcards.eps, "epsinf")
+    ]
+
+
 def table_scores(wildcards):
     """Every score file a (backbone, eps) table reads: individual and merged, all methods and seeds."""
-    groups = [g for g in release_grid() if g["backbone"] == wildcards.backbone and g["eps"] == wildcards.eps]
+    groups = table_groups(wildcards)
     files = [SCORES_INDIVIDUAL.format(**g) for g in groups]
     files += [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES]
     return files
 
 
 def table_curves(wildcards):
-    groups = [g for g in release_grid() if g["backbone"] == wildcards.backbone and g["eps"] == wildcards.eps]
-    return [INTERPOLATION.format(**g) for g in groups]
+    return [INTERPOLATION.format(**g) for g in table_groups(wildcards)]
 
 
 def all_targets():
