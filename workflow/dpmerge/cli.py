@@ -145,6 +145,8 @@ def cmd_finetune(args) -> None:
     identity = {"backbone": args.backbone, "task": prepared["task"]}
     save_released(args.out_head, result.head, result.record, {**identity, "artifact": "head"})
     save_released(args.out_vector, result.task_vector, result.record, {**identity, "artifact": "task_vector"})
+    if args.checkpoint:
+        Path(args.checkpoint).unlink(missing_ok=True)
     _log(f"[finetune] released {args.out_vector} (spent epsilon {result.record['spent_epsilon']})")
 
 

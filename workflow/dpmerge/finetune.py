@@ -238,7 +238,8 @@ def finetune(
     With `checkpoint`, the run saves its full state there every `checkpoint_every` steps and, when started
     again, resumes from it: the resumed run is bit-identical to an uninterrupted one (same batches, same noise)
     so the released vector and its privacy record are the same. Steps lost after the last checkpoint released
-    nothing and are recomputed identically, so no budget is spent twice. The file is removed after training.
+    nothing and are recomputed identically, so no budget is spent twice. The caller removes the file once the
+    outputs are released (a crash before that resumes from it again).
     """
     method = METHODS[config.method]
     num_examples = int(train_labels.shape[0])
@@ -372,6 +373,4 @@ def finetune(
         "num_train_examples": num_examples,
         "hyperparameters": {k: v for k, v in asdict(config).items() if k != "log_every"},
     }
-    if checkpoint is not None:
-        Path(checkpoint).unlink(missing_ok=True)
     return TrainingResult(task_vector, head, record, losses)
