@@ -266,3 +266,24 @@ def test_nonprivate_reference_records_infinite_epsilon(toy_backbone, toy_data):
     assert result.record["target_epsilon"] == "inf" and result.record["spent_epsilon"] == "inf"
     assert result.record["noise_multiplier"] == 0.0 and result.record["queries_per_step"] == 1
     assert any(v.abs().sum() > 0 for v in result.task_vector.values())
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"target_epsilon": 0.0}, "needs a target epsilon > 0"),
+        ({"target_epsilon": -1.0}, "needs a target epsilon > 0"),
+        ({"clip_norm": 0.0}, "finetune.clip_norm must be positive, got 0.0"),
+        ({"batch_size": 0}, "finetune.batch_size must be positive, got 0"),
+        ({"epochs": -1.0}, "finetune.epochs must be positive"),
+    ],
+)
+def test_bad_hyperparameters_fail_before_training(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        FinetuneConfig(**{"method": "naive_dp", "target_epsilon": 4.0, **overrides})
+
+
+def test_batch_larger_than_the_dataset_is_refused(toy_backbone, toy_data):
+    features, labels = toy_data
+    with pytest.raises(ValueError, match="batch_size 100 exceeds the 64 training examples"):
+        finetune(toy_backbone, 3, features, labels, FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=100))

@@ -60,8 +60,10 @@ class FinetuneConfig:
             raise ValueError(f"unknown method {self.method!r}; known methods: {', '.join(METHODS)}")
         if METHODS[self.method].private and not (self.target_epsilon and self.target_epsilon > 0):
             raise ValueError(f"method {self.method!r} needs a target epsilon > 0, got {self.target_epsilon}")
-        if self.batch_size < 1 or self.epochs <= 0 or self.clip_norm <= 0:
-            raise ValueError("batch_size, epochs and clip_norm must be positive")
+        for field_name in ("batch_size", "epochs", "clip_norm", "lr"):
+            value = getattr(self, field_name)
+            if not value > 0:
+                raise ValueError(f"finetune.{field_name} must be positive, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------- DP primitives
