@@ -32,7 +32,7 @@ def _keep_freed_memory_in_process() -> None:
 
     Per-sample gradients allocate and free tens of MB per layer per step; with glibc's defaults each one is
     a fresh mmap whose pages are zero-filled by the kernel, which measured here as 40% of a DP fine-tuning
-    job's time (system time 15 s of 35 s; 22 s -> 12.5 s of training with these settings, same results).
+    job's time (system time 15 s of 35 s; training 22 s -> 9.4 s with these settings, same results).
     Same effect as MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_/MALLOC_TOP_PAD_ in the environment.
     """
     import ctypes

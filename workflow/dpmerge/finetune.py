@@ -216,7 +216,6 @@ def _load_checkpoint(path: Path, fingerprint: dict, log) -> dict | None:
     return state
 
 
-
 @dataclass
 class TrainingResult:
     task_vector: dict[str, torch.Tensor]
@@ -290,17 +289,19 @@ def finetune(
             F.cross_entropy(model(*features), labels).backward()
         return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 
-    fingerprint = {
-        "config": asdict(config),
-        "num_examples": num_examples,
-        "data_sha256": tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}}),
-        "pretrained_sha256": backbone.checkpoint_sha256,
-        "parameters": names,
-        "sigma": sigma,
-    }
     first_step = 0
     if checkpoint is not None:
-        state = _load_checkpoint(Path(checkpoint), fingerprint, log)
+        checkpoint = Path(checkpoint)
+        # Identifies the run a checkpoint belongs to; hashing the data is only worth it when resuming is on.
+        fingerprint = {
+            "config": asdict(config),
+            "num_examples": num_examples,
+            "data_sha256": tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}}),
+            "pretrained_sha256": backbone.checkpoint_sha256,
+            "parameters": names,
+            "sigma": sigma,
+        }
+        state = _load_checkpoint(checkpoint, fingerprint, log)
         if state is not None:
             with torch.no_grad():
                 for p, value in zip(params, state["params"]):
@@ -325,7 +326,7 @@ def finetune(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
-                _save_checkpoint(Path(checkpoint), fingerprint, step + 1, params, optimizer, sampler, noise)
+                _save_checkpoint(checkpoint, fingerprint, step + 1, params, optimizer, sampler, noise)
             if step % config.log_every == 0 or step == steps - 1:
                 # Progress for the local log only: this loss is NOT privatized and must never be released.
                 with torch.no_grad():
