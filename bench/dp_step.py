@@ -1,13 +1,22 @@
-"""Cost of one fine-tuning step per method, as ratios to the non-private step, measured side by side.
+"""Cost of one private fine-tuning step, as ratios measured side by side in one process on the same batches.
 
-    .venv/bin/python bench/dp_step.py [--batch-size 16] [--repeats 10]
+    .venv/bin/python bench/dp_step.py [--models effnet minilm vit_b32 roberta_base] [--batch-size 16]
 
-For each embedded backbone top (the configured trainable_blocks), times nonprivate, naive_dp and dp_merging
-steps interleaved in one process on the same batches, and prints median seconds and the ratios
-naive_dp/nonprivate and dp_merging/naive_dp (expected ~2: two gradient queries per step).
+Models: the embedded backbones' trainable tops as configured (effnet: EfficientNet-Lite0 last block at 64 px,
+minilm: all-MiniLM-L6-v2 last layer, 32 tokens) and two random-init models of the paper's shapes, trained
+whole: ViT-B/32 (224 px, 88M parameters) and RoBERTa-base (128 tokens, 125M parameters).
+
+For each model, every repeat runs, interleaved: a non-private AdamW step; a naive_dp step (Eq. 4) with each
+per-example gradient strategy (persample.py: functorch, hooks, bookkeeping; plus Opacus's two-backward ghost
+clipping for comparison); and a dp_merging step (Eq. 4-7, two queries) with the backbone's chosen strategy.
+It prints median seconds and the ratios naive_dp/nonprivate per strategy and dp_merging/naive_dp.
+Targets (issue 3): naive_dp <= 1.5x non-private with the chosen strategy, dp_merging <= 2.1x naive_dp.
 """
 
+from __future__ import annotations
+
 import argparse
+import gc
 import statistics
 import time
 
@@ -16,59 +25,130 @@ import torch.nn.functional as F
 
 import dpmerge  # noqa: F401
 from dpmerge.backbones import TaskModel, load_backbone
-from dpmerge.finetune import METHODS, method_update, per_sample_module, privatized_gradient
+from dpmerge.finetune import METHODS, method_update, privatized_gradient
+from dpmerge.persample import clip_factors, make_clipper
+from dpmerge.reference_shapes import roberta_base_shaped, vit_b32_shaped
+
+
+class OpacusGhostClipper:
+    """Opacus's ghost clipping: a backward pass for per-example norms, then a second on the reweighted loss."""
+
+    strategy = "opacus_ghost"
+
+    def __init__(self, model):
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
+        self.module = GradSampleModuleFastGradientClipping(model, loss_reduction="sum", use_ghost_clipping=True)
+        self.module.disable_hooks()  # on only inside queries, so the interleaved non-private steps do not pay
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+
+    def clipped_sum(self, features, labels, clip_norm):
+        self.module.enable_hooks()
+        losses = F.cross_entropy(self.module(*features), labels, reduction="none")
+        losses.sum().backward(retain_graph=True)
+        norms = self.module.get_norm_sample()
+        self.module.disable_hooks()
+        for p in self.params:
+            p.grad = None
+        (clip_factors(norms.detach() ** 2, clip_norm) * losses).sum().backward()
+        sums = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+        return sums
+
+    def close(self):
+        self.module._close()
+
+
+def embedded(kind, options, make_inputs, chosen):
+    def build(batch_size, generator):
+        backbone = load_backbone(kind, **options)
+        features = backbone.trunk_features(make_inputs(batch_size, generator))
+        model = TaskModel(backbone, 2)
+        model.train()
+        return model, features, torch.randint(0, 2, (batch_size,), generator=generator), chosen
+
+    return build
+
+
+def reference(factory, chosen):
+    def build(batch_size, generator):
+        model, make_batch = factory()
+        features, labels = make_batch(batch_size, generator)
+        return model, features, labels, chosen
+
+    return build
+
+
+MODELS = {
+    "effnet": embedded("efficientnet_lite0", dict(trainable_blocks=1),
+                       lambda b, g: torch.rand(b, 3, 64, 64, generator=g), "bookkeeping"),
+    "minilm": embedded("minilm_l6", dict(trainable_blocks=1, max_length=32),
+                       lambda b, g: ["a sentence of moderate length for timing the private step"] * b, "bookkeeping"),
+    "vit_b32": reference(vit_b32_shaped, "bookkeeping"),
+    "roberta_base": reference(roberta_base_shaped, "bookkeeping"),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--strategies", nargs="+", default=["functorch", "hooks", "bookkeeping", "opacus_ghost"])
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    generator = torch.Generator().manual_seed(0)
-    setups = {
-        "efficientnet_lite0": (dict(trainable_blocks=1), torch.rand(args.batch_size, 3, 64, 64, generator=generator)),
-        "minilm_l6": (dict(trainable_blocks=1, max_length=32),
-                      ["a sentence of moderate length for timing the private step"] * args.batch_size),
-    }
-    print(f"batch {args.batch_size}, {args.repeats} repeats, {args.threads} thread(s); median seconds per step")
-    for kind, (options, inputs) in setups.items():
-        backbone = load_backbone(kind, **options)
-        features = backbone.trunk_features(inputs)
-        labels = torch.randint(0, 2, (args.batch_size,), generator=generator)
-        model = TaskModel(backbone, 2)
-        model.train()
+    print(f"batch {args.batch_size}, {args.repeats} repeats (after one warm-up), {args.threads} thread(s); "
+          "median seconds per step (forward, backward, clipping, noise, AdamW)")
+    for name in args.models:
+        generator = torch.Generator().manual_seed(0)
+        model, features, labels, chosen = MODELS[name](args.batch_size, generator)
         params = [p for p in model.parameters() if p.requires_grad]
         anchors = [p.detach().clone() for p in params]
-        optimizer = torch.optim.AdamW(params, lr=1e-4)
+        optimizer = torch.optim.AdamW(params, lr=1e-6)
 
         def nonprivate(f, y):
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(*f), y).backward()
             return [p.grad for p in params]
 
-        per_sample = per_sample_module(model)
+        # Opacus allows one wrapper per model at a time, so strategies are timed one block after another;
+        # each block interleaves its private steps with non-private ones and its ratios use that block's base.
+        print(f"\n{name}: {sum(p.numel() for p in params) / 1e6:.1f}M trainable parameters; "
+              f"chosen strategy: {chosen}")
+        for strategy in dict.fromkeys([chosen, *args.strategies]):
+            clipper = OpacusGhostClipper(model) if strategy == "opacus_ghost" else make_clipper(model, strategy)
 
-        def private(f, y):
-            return privatized_gradient(per_sample, f, y, clip_norm=0.2, noise_multiplier=1.0,
-                                       expected_batch_size=args.batch_size, generator=generator)
+            def private(f, y, clipper=clipper):
+                return privatized_gradient(clipper, f, y, clip_norm=0.2, noise_multiplier=1.0,
+                                           expected_batch_size=args.batch_size, generator=generator)
 
-        queries = {"nonprivate": nonprivate, "naive_dp": private, "dp_merging": private}
-        times = {name: [] for name in queries}
-        for _ in range(args.repeats + 1):  # first round warms up
-            for name, query in queries.items():
-                start = time.perf_counter()
-                update = method_update(METHODS[name], query, params, anchors, features, labels, 0.05, 0.05)
-                for p, u in zip(params, update):
-                    p.grad = u
-                optimizer.step()
-                times[name].append(time.perf_counter() - start)
-        med = {name: statistics.median(values[1:]) for name, values in times.items()}
-        print(f"{kind:20s} nonprivate {med['nonprivate']:.4f}s  naive_dp {med['naive_dp']:.4f}s  "
-              f"dp_merging {med['dp_merging']:.4f}s  |  naive_dp/nonprivate {med['naive_dp'] / med['nonprivate']:.2f}  "
-              f"dp_merging/naive_dp {med['dp_merging'] / med['naive_dp']:.2f}")
-        per_sample._close()
+            runs = {"nonprivate": ("nonprivate", nonprivate), "naive_dp": ("naive_dp", private)}
+            if strategy == chosen:
+                runs["dp_merging"] = ("dp_merging", private)
+            times = {label: [] for label in runs}
+            for repeat in range(args.repeats + 1):
+                for label, (method, query) in runs.items():
+                    gc.collect()
+                    start = time.perf_counter()
+                    update = method_update(METHODS[method], query, params, anchors, features, labels, 0.05, 0.05)
+                    for p, u in zip(params, update):
+                        p.grad = u
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if repeat:  # the first round warms up (vmap tracing, allocator)
+                        times[label].append(time.perf_counter() - start)
+            clipper.close()
+            med = {label: statistics.median(values) for label, values in times.items()}
+            line = (f"  {strategy:13s} nonprivate {med['nonprivate']:7.3f}s  naive_dp {med['naive_dp']:7.3f}s  "
+                    f"naive_dp/nonprivate {med['naive_dp'] / med['nonprivate']:5.2f}")
+            if "dp_merging" in med:
+                line += (f"  dp_merging {med['dp_merging']:7.3f}s  "
+                         f"dp_merging/naive_dp {med['dp_merging'] / med['naive_dp']:5.2f}")
+            print(line, flush=True)
+        del model, params, anchors, optimizer, features
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dpmerge.backbones import TaskModel, load_backbone
+from dpmerge.persample import STRATEGIES, make_clipper
 from dpmerge.finetune import (
     METHODS,
     FinetuneConfig,
@@ -15,7 +16,6 @@ from dpmerge.finetune import (
     clipped_gradient_sum,
     finetune,
     method_update,
-    per_sample_module,
     poisson_batch,
     privatized_gradient,
     sam_perturbation,
@@ -35,21 +35,28 @@ def brute_force_clipped_sum(model, features, labels, clip_norm):
     return total
 
 
-def assert_matches_brute_force(model, features, labels, clip_norm):
+def assert_matches_brute_force(model, features, labels, clip_norm, strategy):
     model.train()
     expected = brute_force_clipped_sum(model, features, labels, clip_norm)
-    actual = clipped_gradient_sum(per_sample_module(model), features, labels, clip_norm)
+    clipper = make_clipper(model, strategy)
+    try:
+        actual = clipped_gradient_sum(clipper, features, labels, clip_norm)
+    finally:
+        clipper.close()
+    assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         assert torch.allclose(a, e, atol=1e-5, rtol=1e-4), (a - e).abs().max()
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("clip_norm", [1e-3, 0.2, 1e3])  # all clipped, mixed, none clipped
-def test_clipped_sum_matches_per_example_loop_on_toy_model(toy_backbone, toy_data, clip_norm):
+def test_clipped_sum_matches_per_example_loop_on_toy_model(toy_backbone, toy_data, clip_norm, strategy):
     features, labels = toy_data
     model = TaskModel(toy_backbone, 3)
-    assert_matches_brute_force(model, tuple(f[:7] for f in features), labels[:7], clip_norm)
+    assert_matches_brute_force(model, tuple(f[:7] for f in features), labels[:7], clip_norm, strategy)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(
     "kind,inputs",
     [
@@ -57,19 +64,20 @@ def test_clipped_sum_matches_per_example_loop_on_toy_model(toy_backbone, toy_dat
         ("minilm_l6", ["a short sentence", "another, slightly longer sentence here", "x"]),
     ],
 )
-def test_clipped_sum_matches_per_example_loop_on_real_backbone_tops(kind, inputs):
+def test_clipped_sum_matches_per_example_loop_on_real_backbone_tops(kind, inputs, strategy):
     """Rule 5: the DP-adapted real layers (folded BN, BERT attention under vmap) give exact per-sample grads."""
     options = {"trainable_blocks": 1} if kind == "efficientnet_lite0" else {"trainable_blocks": 1, "max_length": 12}
     backbone = load_backbone(kind, **options)
     features = backbone.trunk_features(inputs)
     labels = torch.tensor([0, 1, 1])
-    assert_matches_brute_force(TaskModel(backbone, 2), features, labels, clip_norm=0.5)
+    assert_matches_brute_force(TaskModel(backbone, 2), features, labels, clip_norm=0.5, strategy=strategy)
 
 
 def test_privatized_gradient_noise_has_std_sigma_c_over_b(toy_backbone, toy_data):
     features, labels = toy_data
-    model = per_sample_module(TaskModel(toy_backbone, 3))
+    model = TaskModel(toy_backbone, 3)
     model.train()
+    model = make_clipper(model, "bookkeeping")
     empty = labels[:0]
     sigma, clip, batch = 2.0, 0.5, 8.0
     draws = torch.cat(
@@ -85,12 +93,13 @@ def test_privatized_gradient_noise_has_std_sigma_c_over_b(toy_backbone, toy_data
     assert draws.std().item() == pytest.approx(sigma * clip / batch, rel=0.03)
 
 
-def test_dp_merging_update_without_noise_equals_hand_computed_sam_plus_anchor(toy_backbone, toy_data):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dp_merging_update_without_noise_equals_hand_computed_sam_plus_anchor(toy_backbone, toy_data, strategy):
     features, labels = toy_data
     features, labels = tuple(f[:10] for f in features), labels[:10]
     model = TaskModel(toy_backbone, 3)
     model.train()
-    per_sample = per_sample_module(model)
+    per_sample = make_clipper(model, strategy)
     params = [p for p in model.parameters() if p.requires_grad]
     anchors = [p.detach().clone() - 0.1 for p in params]  # w0 = w - 0.1 so the anchor is visible
     anchors[-1] = None  # the head has no pretrained value: no anchor
@@ -127,7 +136,7 @@ def test_anchor_is_added_after_privatization_not_to_the_loss(toy_backbone, toy_d
     features, labels = toy_data
     model = TaskModel(toy_backbone, 3)
     model.train()
-    per_sample = per_sample_module(model)
+    per_sample = make_clipper(model, "functorch")
     params = [p for p in model.parameters() if p.requires_grad]
     anchors = [p.detach().clone() + 1.0 for p in params]
     lam = 0.05
@@ -276,11 +285,18 @@ def test_nonprivate_reference_records_infinite_epsilon(toy_backbone, toy_data):
         ({"clip_norm": 0.0}, "finetune.clip_norm must be positive, got 0.0"),
         ({"batch_size": 0}, "finetune.batch_size must be positive, got 0"),
         ({"epochs": -1.0}, "finetune.epochs must be positive"),
+        ({"betas": [0.9, 1.0]}, r"finetune.betas must be two numbers in \[0, 1\)"),
+        ({"betas": [0.9]}, "finetune.betas"),
+        ({"method": "dp_sharp"}, "unknown method 'dp_sharp'; known methods: nonprivate"),
     ],
 )
 def test_bad_hyperparameters_fail_before_training(overrides, message):
     with pytest.raises(ValueError, match=message):
         FinetuneConfig(**{"method": "naive_dp", "target_epsilon": 4.0, **overrides})
+
+
+def test_betas_from_a_json_list_become_a_tuple():
+    assert FinetuneConfig(method="naive_dp", target_epsilon=4.0, betas=[0.8, 0.99]).betas == (0.8, 0.99)
 
 
 def test_batch_larger_than_the_dataset_is_refused(toy_backbone, toy_data):

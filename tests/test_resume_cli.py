@@ -7,8 +7,10 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import torch
 
+from dpmerge.privacy_ledger import build_ledger
 from dpmerge.taskvectors import load_tensors
 
 SPEC = '{"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32}'
@@ -55,3 +57,7 @@ def test_sigkilled_finetune_resumes_to_the_uninterrupted_result(tmp_path):
         assert actual_meta == expected_meta
         for key in expected:
             assert torch.equal(actual[key], expected[key]), key
+    # and so the privacy ledger rows agree (the file path aside): nothing was spent twice or lost
+    ledgers = [build_ledger([str(tmp_path / f"{name}.tv.safetensors")]).drop(columns=["path"], errors="ignore")
+               for name in ("reference", "resumed")]
+    pd.testing.assert_frame_equal(ledgers[0], ledgers[1])

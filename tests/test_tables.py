@@ -49,3 +49,14 @@ def test_markdown_and_latex_carry_the_numbers():
 def test_missing_columns_are_named():
     with pytest.raises(ValueError, match="lacks columns"):
         table1(pd.DataFrame({"model": [], "task": []}))
+
+
+def test_ablation_rows_appear_when_their_runs_exist():
+    frame = scores()
+    ablation = frame[frame["method"] == "dp_merging"].assign(method="dp_anchor")
+    ablation["score"] -= 2.0
+    table = table1(pd.concat([frame, ablation]))
+    assert "DP-Merging w/o flatness Individual" in table.index
+    assert "DP-Merging w/o alignment + TIES" not in table.index  # no dp_sam runs
+    assert table.loc["DP-Merging w/o flatness + TIES"].tolist() == pytest.approx([46.0, 56.0, 51.0])
+    assert list(table.index).index("DP-Merging w/o flatness + TIES") > list(table.index).index("  improvement (TIES)")

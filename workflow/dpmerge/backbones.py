@@ -85,6 +85,9 @@ class Backbone:
     network: nn.Module
     embed_dim: int
     checkpoint_path: Path
+    # How DP training gets per-example clipped gradients (persample.py). Book-keeping was fastest for every
+    # backbone in bench/dp_step.py (README "Speed"); a backbone whose layers it cannot handle overrides this.
+    per_sample_strategy: str = "bookkeeping"
 
     @functools.cached_property
     def checkpoint_sha256(self) -> str:

@@ -7,9 +7,10 @@ The DP step reads like the paper (shared/reference/paper-dp-merging.md, Eq. 4-7)
     h~ = g~(w + eps) on the same Poisson batch                 Eq. (6)
     w <- AdamW(w, h~ + 2*lambda*(w - w0))                       Eq. (7), anchor added AFTER privatization
 
-Per-sample gradients come from Opacus's GradSampleModule; clipping, noise, the SAM perturbation and the anchor
-are done here, so each of the two DP-SAM queries is visible and accounted (see privacy.py). Normalising by the
-expected batch size (not the realised one) keeps the normaliser data-independent, as Opacus does.
+Per-example clipped gradient sums come from persample.py (Opacus vmap/hooks or our one-backward book-keeping,
+chosen per backbone; identical results); noise, the SAM perturbation and the anchor are done here, so each of
+the two DP-SAM queries is visible and accounted (see privacy.py). Normalising by the expected batch size
+(not the realised one) keeps the normaliser data-independent, as Opacus does.
 
 Methods (`METHODS`): nonprivate (plain AdamW), naive_dp (Eq. 4 + AdamW), dp_merging (Eq. 4-7),
 dp_sam (w/o alignment: lambda = 0) and dp_anchor (w/o flatness: anchor on one query per step).
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from opacus import GradSampleModule
 
 from dpmerge.backbones import Backbone, TaskModel
 from dpmerge.methods import METHODS, Method  # noqa: F401 - re-exported
+from dpmerge.persample import STRATEGIES, make_clipper
 from dpmerge.privacy import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
 from dpmerge.taskvectors import atomic_write, tensors_sha256
 
@@ -54,12 +55,22 @@ class FinetuneConfig:
     delta: float | None = None  # None -> 1/N
     seed: int = 0
     log_every: int = 10
+    per_sample_gradients: str = "auto"  # auto -> the backbone's choice; see persample.py (results identical)
 
     def __post_init__(self):
+        betas = tuple(float(b) for b in self.betas)  # JSON configs give a list
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"finetune.betas must be two numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", betas)
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; known methods: {', '.join(METHODS)}")
         if METHODS[self.method].private and not (self.target_epsilon and self.target_epsilon > 0):
             raise ValueError(f"method {self.method!r} needs a target epsilon > 0, got {self.target_epsilon}")
+        if self.per_sample_gradients not in ("auto", *STRATEGIES):
+            raise ValueError(
+                f"finetune.per_sample_gradients must be 'auto' or one of {', '.join(STRATEGIES)}, "
+                f"got {self.per_sample_gradients!r}"
+            )
         for field_name in ("batch_size", "epochs", "clip_norm", "lr"):
             value = getattr(self, field_name)
             if not value > 0:
@@ -69,42 +80,13 @@ class FinetuneConfig:
 # ---------------------------------------------------------------------------------------------- DP primitives
 
 
-def per_sample_module(model: torch.nn.Module) -> GradSampleModule:
-    """Wrap `model` so that backward() of a *summed* loss leaves per-example gradients in p.grad_sample.
-
-    functorch (vmap) mode: ~20x faster than Opacus's unfold-based hooks for EfficientNet's depthwise
-    convolutions on CPU, and exact for any module (checked against a per-example loop in tests/test_dp.py).
-    loss_reduction="sum" matters: with Opacus's default "mean" every per-sample gradient is scaled by the
-    batch size.
-    """
-    return GradSampleModule(model, loss_reduction="sum", force_functorch=True)
-
-
-def per_sample_clip_factors(per_sample_grads: list[torch.Tensor], clip_norm: float) -> torch.Tensor:
-    """1 / max(1, ||g_i|| / C) for each example i, with ||g_i|| over all trainable parameters jointly."""
-    norms = torch.stack([g.reshape(g.shape[0], -1).norm(dim=1) for g in per_sample_grads]).norm(dim=0)
-    return 1.0 / torch.clamp(norms / clip_norm, min=1.0)
-
-
-def clipped_gradient_sum(
-    model: GradSampleModule, features: tuple[torch.Tensor, ...], labels: torch.Tensor, clip_norm: float
-) -> list[torch.Tensor]:
-    """sum_i clip_C(grad l(w; z_i)) over the batch, one tensor per trainable parameter."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if labels.numel() == 0:
-        return [torch.zeros_like(p) for p in params]
-    model.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(*features), labels, reduction="sum")
-    loss.backward()
-    grads = [p.grad_sample for p in params]
-    factors = per_sample_clip_factors(grads, clip_norm)
-    summed = [torch.einsum("i,i...->...", factors, g) for g in grads]
-    model.zero_grad(set_to_none=True)
-    return summed
+def clipped_gradient_sum(clipper, features: tuple[torch.Tensor, ...], labels: torch.Tensor, clip_norm: float):
+    """sum_i clip_C(grad l(w; z_i)) over the batch, one tensor per trainable parameter (see persample.py)."""
+    return clipper.clipped_sum(features, labels, clip_norm)
 
 
 def privatized_gradient(
-    model: GradSampleModule,
+    clipper,
     features: tuple[torch.Tensor, ...],
     labels: torch.Tensor,
     *,
@@ -114,34 +96,33 @@ def privatized_gradient(
     generator: torch.Generator,
 ) -> list[torch.Tensor]:
     """Eq. (4): g~ = (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B. One query of the Gaussian mechanism."""
-    summed = clipped_gradient_sum(model, features, labels, clip_norm)
-    return [
-        (s + noise_multiplier * clip_norm * torch.randn(s.shape, generator=generator, dtype=s.dtype))
-        / expected_batch_size
-        for s in summed
-    ]
+    summed = clipped_gradient_sum(clipper, features, labels, clip_norm)
+    # In place on the fresh sums: at ViT/RoBERTa scale every extra full-size temporary costs measurable time.
+    for s in summed:
+        s.add_(torch.randn(s.shape, generator=generator, dtype=s.dtype), alpha=noise_multiplier * clip_norm)
+        s.div_(expected_batch_size)
+    return summed
 
 
 def sam_perturbation(gradient: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
     """Eq. (5): eps = rho * g / ||g||_2, and 0 when ||g|| = 0. Post-processing of g: no privacy cost."""
-    norm = torch.sqrt(sum((g * g).sum() for g in gradient))
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradient)))
     if norm == 0:
         return [torch.zeros_like(g) for g in gradient]
-    return [rho * g / norm for g in gradient]
+    return torch._foreach_mul(gradient, rho / norm)
 
 
 @contextlib.contextmanager
 def perturbed(params: list[torch.Tensor], perturbation: list[torch.Tensor]):
-    """Temporarily move the weights to w + eps (restored exactly afterwards)."""
+    """Temporarily move the weights to w + eps; restored bit-exactly (from a copy: (w + eps) - eps != w in floats)."""
     with torch.no_grad():
-        for p, e in zip(params, perturbation):
-            p.add_(e)
+        saved = torch._foreach_add(params, 0.0)  # one fused copy
+        torch._foreach_add_(params, perturbation)
     try:
         yield
     finally:
         with torch.no_grad():
-            for p, e in zip(params, perturbation):
-                p.sub_(e)
+            torch._foreach_copy_(params, saved)
 
 
 def anchor_gradient(params: list[torch.Tensor], anchors: list[torch.Tensor | None], anchor_lambda: float):
@@ -180,7 +161,11 @@ def method_update(
     else:
         update = query(features, labels)
     if method.anchored:  # Eq. (7): added to the privatized gradient, never to the loss
-        update = [u + a for u, a in zip(update, anchor_gradient(params, anchors, anchor_lambda))]
+        with torch.no_grad():
+            anchored = [(u, p, w0) for u, p, w0 in zip(update, params, anchors) if w0 is not None]
+            if anchored:
+                u, p, w0 = map(list, zip(*anchored))
+                torch._foreach_add_(u, torch._foreach_sub(p, w0), alpha=2.0 * anchor_lambda)
     return update
 
 
@@ -259,7 +244,10 @@ def finetune(
     pretrained = backbone.top_state()
     model = TaskModel(backbone, num_classes)
     model.train()
-    per_sample = per_sample_module(model) if method.private else None
+    strategy = (
+        backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
+    )
+    per_sample = make_clipper(model, strategy) if method.private else None
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     backbone_prefix = "backbone_network."
@@ -275,6 +263,7 @@ def finetune(
     log(
         f"[finetune] method={config.method} N={num_examples} q={sample_rate:.5f} steps={steps} "
         f"sigma={sigma:.4f} queries/step={method.queries_per_step} delta={delta:.3g}"
+        + (f" per-sample={strategy}" if method.private else "")
     )
 
     def private_query(features, labels):
@@ -341,7 +330,7 @@ def finetune(
         raise
     finally:
         if per_sample is not None:
-            per_sample._close()  # remove hooks: the backbone is shared with later models in this process
+            per_sample.close()  # remove hooks: the backbone is shared with later models in this process
 
     spent = (
         spent_epsilon(sigma, sample_rate, steps, delta, method.queries_per_step, config.accountant)
@@ -374,6 +363,9 @@ def finetune(
         "anchor_lambda": config.anchor_lambda if method.anchored else 0.0,
         "pretrained_sha256": backbone.checkpoint_sha256,
         "num_train_examples": num_examples,
-        "hyperparameters": {k: v for k, v in asdict(config).items() if k != "log_every"},
+        "hyperparameters": {
+            **{k: v for k, v in asdict(config).items() if k != "log_every"},
+            "per_sample_gradients": strategy if method.private else None,
+        },
     }
     return TrainingResult(task_vector, head, record, losses)

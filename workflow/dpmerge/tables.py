@@ -21,6 +21,7 @@ METHOD_LABELS = {
     "dp_sam": "DP-Merging w/o alignment",
     "dp_anchor": "DP-Merging w/o flatness",
 }
+ABLATIONS = ("dp_sam", "dp_anchor")
 OPERATOR_LABELS = {"weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES"}
 
 
@@ -31,7 +32,8 @@ def _label(mapping: dict, key: str) -> str:
 def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp_merging") -> pd.DataFrame:
     """Table-1-shaped frame: index = row labels, columns = tasks + 'Avg.'; mean over seeds.
 
-    Non-private reference rows (individual and per operator) are included when such runs are present.
+    Non-private reference rows (individual and per operator) and the ablations' rows (dp_sam = w/o alignment,
+    dp_anchor = w/o flatness; individual and per operator) are included when such runs are present.
 
     `scores` has columns model ('individual' or an operator), method, task, score and, for individual
     models, source_task (the task the vector was trained on; only its own task counts as "Individual").
@@ -52,7 +54,7 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
         return pd.concat([values, pd.Series({"Avg.": values.mean()})])
 
     rows: dict[str, pd.Series] = {}
-    for method in ("nonprivate", baseline, proposed):
+    for method in ("nonprivate", baseline, proposed, *ABLATIONS):
         if (r := row("individual", method)) is not None:
             rows[f"{_label(METHOD_LABELS, method)} Individual"] = r
     operators = [m for m in dict.fromkeys(scores["model"]) if m != "individual"]
@@ -67,6 +69,9 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
             rows[f"{_label(METHOD_LABELS, proposed)} + {op}"] = ours
         if base is not None and ours is not None:
             rows[f"  improvement ({op})"] = ours - base
+        for ablation in ABLATIONS:  # paper Table 5's rows, when those runs exist
+            if (r := row(operator, ablation)) is not None:
+                rows[f"{_label(METHOD_LABELS, ablation)} + {op}"] = r
     table = pd.DataFrame(rows).T
     table.index.name = "row"
     return table
