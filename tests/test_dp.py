@@ -12,7 +12,8 @@ from dpmerge.persample import STRATEGIES, make_clipper
 from dpmerge.finetune import (
     METHODS,
     FinetuneConfig,
-    anchor_gradient,
+    STEPS,
+    add_anchor,
     clipped_gradient_sum,
     finetune,
     method_update,
@@ -157,9 +158,32 @@ def test_sam_perturbation_has_norm_rho_and_is_zero_for_zero_gradient():
     assert all(torch.equal(e, torch.zeros_like(e)) for e in sam_perturbation([torch.zeros(3)], 0.5))
 
 
-def test_anchor_gradient_formula():
-    p = torch.tensor([1.0, 2.0])
-    assert torch.allclose(anchor_gradient([p], [torch.tensor([0.0, 4.0])], 0.25)[0], torch.tensor([0.5, -1.0]))
+def test_anchor_formula_and_no_anchor_for_the_head():
+    params = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
+    update = add_anchor([torch.tensor([1.0, 1.0]), torch.tensor([1.0])], params, [torch.tensor([0.0, 4.0]), None], 0.25)
+    assert torch.allclose(update[0], torch.tensor([1.5, 0.0]))  # 1 + 2 * 0.25 * (w - w0)
+    assert torch.equal(update[1], torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_each_step_function_makes_as_many_queries_as_the_accountant_charges(name, toy_backbone, toy_data):
+    """The accountant charges METHODS[name].queries_per_step; the step function must make exactly that many."""
+    assert set(STEPS) == set(METHODS)
+    features, labels = toy_data
+    model = TaskModel(toy_backbone, 3)
+    params = [p for p in model.parameters() if p.requires_grad]
+    calls = []
+
+    def query(f, y):
+        calls.append(len(y))
+        return [torch.ones_like(p) for p in params]
+
+    before = [p.detach().clone() for p in params]
+    update = method_update(METHODS[name], query, params, [p.detach() - 1 for p in params], features, labels, 0.05, 0.5)
+    assert calls == [labels.numel()] * METHODS[name].queries_per_step  # same batch every time
+    anchored = METHODS[name].anchored
+    assert all(torch.allclose(u, torch.full_like(u, 2.0 if anchored else 1.0)) for u in update)
+    assert all(torch.equal(p.detach(), b) for p, b in zip(params, before))
 
 
 def test_poisson_batches_vary_in_size_with_mean_qn():

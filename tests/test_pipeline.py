@@ -1,6 +1,7 @@
 """End to end: a tiny config through the real Snakefile, then a rerun that does nothing, then a changed merge
 hyperparameter that reruns only merges and what depends on them, and config errors that stop before any job."""
 
+import json
 import os
 import re
 import shutil
@@ -132,6 +133,11 @@ def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished
         (lambda c: c["merge"].update(fisher={}), "fisher"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
+        (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),
+         "finetune.by_method.nonprivate: Additional properties are not allowed ('lrr' was unexpected)"),
+        (lambda c: c["backbones"]["effnet"].update(finetune={"lr": -1}), "backbones.effnet.finetune.lr"),
+        (lambda c: c["backbones"]["effnet"].update(finetune={"by_method": {"dp_sam": {"rho": "big"}}}),
+         "backbones.effnet.finetune.by_method.dp_sam.rho"),
     ],
 )
 def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, message):
@@ -147,6 +153,8 @@ def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, mess
 def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_path):
     config = yaml.safe_load(yaml.safe_dump(TINY))
     config.update(methods=["nonprivate", "naive_dp", "dp_merging", "dp_sam", "dp_anchor"], epsilons=[1, 4])
+    config["finetune"]["by_method"] = {"dp_anchor": {"anchor_lambda": 0.3}}
+    config["backbones"]["effnet"]["finetune"]["by_method"] = {"nonprivate": {"lr": 0.0003}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n", "--quiet", "rules")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -159,3 +167,14 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     listing = snakemake(tmp_path, "-n", "--printshellcmds")
     assert "taskvectors/effnet/epsinf/nonprivate/s0/digits.safetensors" in listing.stdout
     assert "--method nonprivate  --seed 0" in listing.stdout  # no --epsilon for the non-private reference
+    # per-method overrides: global < global by_method < backbone < backbone by_method
+    commands = [line for line in listing.stdout.splitlines() if "dpmerge finetune " in line]
+
+    def hparams(backbone, method):
+        line = next(c for c in commands if f"--backbone {backbone} " in c and f"--method {method} " in c)
+        return json.loads(line.split("--hparams '")[1].split("'")[0])
+
+    assert hparams("effnet", "nonprivate")["lr"] == 0.0003 and hparams("effnet", "naive_dp")["lr"] == 0.002
+    assert hparams("minilm", "nonprivate")["lr"] == 0.001
+    assert hparams("minilm", "dp_anchor")["anchor_lambda"] == 0.3 and hparams("minilm", "naive_dp")["anchor_lambda"] == 0.05
+    assert all("by_method" not in hparams(b, m) for b in ("effnet", "minilm") for m in ("nonprivate", "dp_sam"))

@@ -125,48 +125,71 @@ def perturbed(params: list[torch.Tensor], perturbation: list[torch.Tensor]):
             torch._foreach_copy_(params, saved)
 
 
-def anchor_gradient(params: list[torch.Tensor], anchors: list[torch.Tensor | None], anchor_lambda: float):
-    """Gradient of lambda * ||w - w0||^2, i.e. 2 lambda (w - w0); zero for parameters without an anchor (heads)."""
-    return [
-        torch.zeros_like(p) if w0 is None else 2.0 * anchor_lambda * (p.detach() - w0)
-        for p, w0 in zip(params, anchors)
-    ]
-
-
 def poisson_batch(num_examples: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
     """Indices of a Poisson-sampled batch: each example independently with probability q (size varies)."""
     return torch.nonzero(torch.rand(num_examples, generator=generator) < sample_rate).flatten()
 
 
-def method_update(
-    method: Method,
-    query,
-    params: list[torch.Tensor],
-    anchors: list[torch.Tensor | None],
-    features: tuple[torch.Tensor, ...],
-    labels: torch.Tensor,
-    rho: float,
-    anchor_lambda: float,
-) -> list[torch.Tensor]:
-    """The direction handed to AdamW for one step of `method`.
+def add_anchor(update, params, anchors, anchor_lambda: float):
+    """Eq. (7)'s alignment term: update + 2 lambda (w - w0), added to the already privatized update (in place).
 
-    `query(features, labels)` is the gradient oracle: the privatized gradient of Eq. (4) for private methods
-    (each call is one accounted query), the plain mini-batch gradient for `nonprivate`.
+    Never through the loss: Opacus would drop it, and here it would be clipped away with the data terms.
+    Parameters without a pretrained value (the task head) have no anchor.
     """
-    if method.sharpness_aware:
-        g = query(features, labels)  # Eq. (4) at w
-        eps = sam_perturbation(g, rho)  # Eq. (5)
-        with perturbed(params, eps):
-            update = query(features, labels)  # Eq. (6): at w + eps, on the same batch
-    else:
-        update = query(features, labels)
-    if method.anchored:  # Eq. (7): added to the privatized gradient, never to the loss
-        with torch.no_grad():
-            anchored = [(u, p, w0) for u, p, w0 in zip(update, params, anchors) if w0 is not None]
-            if anchored:
-                u, p, w0 = map(list, zip(*anchored))
-                torch._foreach_add_(u, torch._foreach_sub(p, w0), alpha=2.0 * anchor_lambda)
+    with torch.no_grad():
+        anchored = [(u, p, w0) for u, p, w0 in zip(update, params, anchors) if w0 is not None]
+        if anchored:
+            u, p, w0 = map(list, zip(*anchored))
+            torch._foreach_add_(u, torch._foreach_sub(p, w0), alpha=2.0 * anchor_lambda)
     return update
+
+
+def sharpness_aware_query(query, params, features, labels, rho: float):
+    """DP-SAM's two queries on the same Poisson batch: g~ at w, then h~ at w + rho g~/||g~|| (Eq. 4-6)."""
+    g = query(features, labels)  # Eq. (4) at w
+    eps = sam_perturbation(g, rho)  # Eq. (5): post-processing of g~
+    with perturbed(params, eps):
+        return query(features, labels)  # Eq. (6): at w + eps, same batch
+
+
+# One function per value of the `method` wildcard: the direction handed to AdamW for one step. `query(features,
+# labels)` is the gradient oracle: Eq. (4)'s privatized gradient for private methods (each call one accounted
+# query; METHODS[...].queries_per_step must match, tested), the plain mini-batch gradient for `nonprivate`.
+
+
+def nonprivate_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return query(features, labels)
+
+
+def naive_dp_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return query(features, labels)  # Eq. (4), then AdamW
+
+
+def dp_merging_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    h = sharpness_aware_query(query, params, features, labels, rho)  # Eq. (4)-(6)
+    return add_anchor(h, params, anchors, anchor_lambda)  # Eq. (7)
+
+
+def dp_sam_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return sharpness_aware_query(query, params, features, labels, rho)  # w/o alignment (lambda = 0)
+
+
+def dp_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return add_anchor(query(features, labels), params, anchors, anchor_lambda)  # w/o flatness (rho = 0)
+
+
+STEPS = {
+    "nonprivate": nonprivate_step,
+    "naive_dp": naive_dp_step,
+    "dp_merging": dp_merging_step,
+    "dp_sam": dp_sam_step,
+    "dp_anchor": dp_anchor_step,
+}
+
+
+def method_update(method: Method, query, params, anchors, features, labels, rho: float, anchor_lambda: float):
+    """The direction handed to AdamW for one step of `method` (dispatches to its step function)."""
+    return STEPS[method.name](query, params, anchors, features, labels, rho, anchor_lambda)
 
 
 # ------------------------------------------------------------------------------------------------ training

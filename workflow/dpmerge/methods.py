@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Method:
+    name: str
     private: bool
     sharpness_aware: bool
     anchored: bool
@@ -18,9 +19,9 @@ class Method:
 
 
 METHODS: dict[str, Method] = {
-    "nonprivate": Method(False, False, False, "AdamW without privacy (reference; epsilon = inf)"),
-    "naive_dp": Method(True, False, False, "DP-AdamW: per-sample clipping, Gaussian noise, Poisson sampling"),
-    "dp_merging": Method(True, True, True, "DP-SAM (two noisy clipped queries per batch) + anchor to w0"),
-    "dp_sam": Method(True, True, False, "DP-Merging without alignment (lambda = 0)"),
-    "dp_anchor": Method(True, False, True, "DP-Merging without flatness (anchor only, one query per step)"),
+    "nonprivate": Method("nonprivate", False, False, False, "AdamW without privacy (reference; epsilon = inf)"),
+    "naive_dp": Method("naive_dp", True, False, False, "DP-AdamW: per-sample clipping, Gaussian noise, Poisson sampling"),
+    "dp_merging": Method("dp_merging", True, True, True, "DP-SAM (two noisy clipped queries per batch) + anchor to w0"),
+    "dp_sam": Method("dp_sam", True, True, False, "DP-Merging without alignment (lambda = 0)"),
+    "dp_anchor": Method("dp_anchor", True, False, True, "DP-Merging without flatness (anchor only, one query per step)"),
 }

@@ -45,7 +45,7 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
         own = (scores["model"] != "individual") | (scores["source_task"] == scores["task"])
         scores = scores[own]
     tasks = list(dict.fromkeys(scores["task"]))
-    mean = scores.groupby(["model", "method", "task"], sort=False)["score"].mean()
+    mean = scores.groupby(["model", "method", "task"], sort=False)["score"].mean().sort_index()
 
     def row(model: str, method: str) -> pd.Series | None:
         if (model, method) not in mean.index.droplevel("task").unique():

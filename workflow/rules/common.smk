@@ -45,6 +45,35 @@ for _operator, _params in config["merge"].items():
             f"merge.{_operator}: unknown hyperparameter(s) {sorted(_unknown)}; "
             f"allowed: {', '.join(OPERATORS[_operator].defaults) or 'none'}"
         )
+def _finetune_settings_schema():
+    import yaml
+
+    with open(os.path.join(workflow.current_basedir, "../schemas/config.schema.yaml")) as handle:
+        properties = dict(yaml.safe_load(handle)["properties"]["finetune"]["properties"])
+    properties.pop("by_method")
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def _check_finetune_overrides(where, overrides):
+    import jsonschema
+
+    try:
+        jsonschema.validate(overrides, _finetune_settings_schema())
+    except jsonschema.ValidationError as error:
+        field = ".".join(str(p) for p in error.absolute_path)
+        _config_error(f"{where}{'.' + field if field else ''}: {error.message}")
+
+
+for _method, _overrides in config["finetune"]["by_method"].items():
+    _check_finetune_overrides(f"finetune.by_method.{_method}", _overrides)
+for _name, _backbone in config["backbones"].items():
+    _entry = dict(_backbone.get("finetune", {}))
+    _by_method = _entry.pop("by_method", {})
+    _check_finetune_overrides(f"backbones.{_name}.finetune", _entry)
+    for _method, _overrides in _by_method.items():
+        if _method not in METHODS:
+            _config_error(f"backbones.{_name}.finetune.by_method: unknown method {_method!r}; known: {', '.join(METHODS)}")
+        _check_finetune_overrides(f"backbones.{_name}.finetune.by_method.{_method}", _overrides)
 _interp = config["diagnostics"]["interpolation"]
 if _interp["operator"] not in config["merge"]:
     _config_error(
@@ -90,8 +119,14 @@ def backbone_spec(wildcards):
 
 
 def finetune_hparams(wildcards):
-    entry = config["backbones"][wildcards.backbone]
-    return json.dumps({**config["finetune"], **entry.get("finetune", {})}, sort_keys=True)
+    """Global settings < global by_method[method] < backbone's finetune < backbone's by_method[method]."""
+    merged = {}
+    for level in (config["finetune"], config["backbones"][wildcards.backbone].get("finetune", {})):
+        level = dict(level)
+        by_method = level.pop("by_method", {})
+        merged.update(level)
+        merged.update(by_method.get(wildcards.method, {}))
+    return json.dumps(merged, sort_keys=True)
 
 
 def epsilon_argument(wildcards):
