@@ -312,6 +312,8 @@ def finetune(
             "pretrained_sha256": backbone.checkpoint_sha256,
             "parameters": names,
             "sigma": sigma,
+            # strategies agree only up to float rounding; a resume must reproduce the run bit for bit
+            "per_sample_gradients": strategy,
         }
         state = _load_checkpoint(checkpoint, fingerprint, log)
         if state is not None:
