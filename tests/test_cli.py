@@ -1,5 +1,6 @@
 """The dpmerge command line: --help everywhere, merge on real files, clear errors on bad input."""
 
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,37 @@ def test_merge_names_unknown_operator_and_hyperparameter(released):
         main(["merge", "--method", "fisher", *common])
     with pytest.raises(SystemExit, match="allowed: density, merge_func, scaling, topk_scope"):
         main(["merge", "--method", "ties", "--param", "lambda=1", *common])
+
+
+@pytest.mark.parametrize(
+    "vector,message",
+    [
+        ({"w": torch.tensor([1.0, float("inf"), 0.0]), "b": torch.tensor([1.0])}, "tensor 'w' contains NaN or Inf"),
+        ({"w": torch.zeros(3)}, "lacks tensors that"),
+        ({"w": torch.zeros(3), "b": torch.zeros(1), "c": torch.zeros(1)}, "has tensors that"),
+        ({"w": torch.zeros(4), "b": torch.zeros(1)}, "tensor 'w' has shape (4,)"),
+        ({"w": torch.zeros(3, dtype=torch.float64), "b": torch.zeros(1)}, "tensor 'w' has dtype"),
+    ],
+)
+def test_bad_task_vector_is_named_and_no_output_is_left(released, vector, message):
+    folder, _, _, paths = released
+    bad = folder / "bad.safetensors"
+    save_released(bad, vector, record(), {"backbone": "toy", "task": "bad"})
+    out = folder / "m.safetensors"
+    with pytest.raises(SystemExit, match=re.escape(message)) as error:
+        main(["merge", "--method", "ties", "--base", str(folder / "w0.safetensors"), "-o", str(out), paths[0], str(bad)])
+    assert str(bad) in str(error.value)
+    assert not out.exists() and list(folder.glob("m.safetensors*")) == []
+
+
+def test_vectors_from_other_pretrained_weights_are_refused(released):
+    folder, _, _, paths = released
+    foreign = folder / "foreign.safetensors"
+    save_released(foreign, {"w": torch.zeros(3), "b": torch.zeros(1)}, record(pretrained_sha256="def"),
+                  {"backbone": "toy", "task": "foreign"})
+    with pytest.raises(SystemExit, match="pretrained_sha256"):
+        main(["merge", "--method", "weight_averaging", "--base", str(folder / "w0.safetensors"),
+              "-o", str(folder / "m.safetensors"), paths[0], str(foreign)])
 
 
 def test_released_artifact_without_record_is_never_written(tmp_path):

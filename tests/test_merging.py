@@ -3,7 +3,18 @@
 import pytest
 import torch
 
-from dpmerge.merging import OPERATORS, merge, task_arithmetic, ties, weight_averaging
+from dpmerge.merging import (
+    OPERATORS,
+    InMemorySource,
+    SafetensorsSource,
+    dare,
+    merge,
+    merge_stream,
+    task_arithmetic,
+    ties,
+    weight_averaging,
+)
+from dpmerge.taskvectors import file_tensors_sha256, save_tensors, tensors_sha256
 
 
 def tv(**tensors):
@@ -55,23 +66,121 @@ def test_ties_disagreeing_signs_take_the_heavier_side():
 
 
 def test_registry_rejects_unknown_operator_and_hyperparameter():
-    with pytest.raises(ValueError, match="known operators: task_arithmetic, ties, weight_averaging"):
+    with pytest.raises(ValueError, match="known operators: dare, task_arithmetic, ties, weight_averaging"):
         merge("nope", [tv(a=[1.0])])
     with pytest.raises(ValueError, match="allowed: scaling"):
         merge("task_arithmetic", [tv(a=[1.0])], density=0.1)
 
 
 def test_mismatched_task_vectors_are_refused():
-    with pytest.raises(ValueError, match="different parameters"):
+    with pytest.raises(ValueError, match=r"task vector 1 lacks tensors that task vector 0 has: \['a'\]"):
         weight_averaging([tv(a=[1.0]), tv(b=[1.0])])
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match=r"task vector 1 has tensors that task vector 0 lacks: \['b'\]"):
+        weight_averaging([tv(a=[1.0]), tv(a=[1.0], b=[2.0])])
+    with pytest.raises(ValueError, match="'a' has shape"):
         weight_averaging([tv(a=[1.0]), tv(a=[1.0, 2.0])])
+    with pytest.raises(ValueError, match="'a' has dtype torch.float64"):
+        weight_averaging([tv(a=[1.0]), {"a": torch.tensor([1.0], dtype=torch.float64)}])
+    with pytest.raises(ValueError, match="task vector 1: tensor 'a' contains NaN or Inf"):
+        weight_averaging([tv(a=[1.0]), tv(a=[float("nan")])])
+    with pytest.raises(ValueError, match="at least one"):
+        weight_averaging([])
 
 
 @pytest.mark.parametrize("name", sorted(OPERATORS))
 def test_every_operator_of_identical_vectors_is_a_multiple_of_them(name):
     vector = {"w": torch.randn(4, 4, generator=torch.Generator().manual_seed(1))}
-    merged = merge(name, [vector, vector, vector])["w"]
+    deterministic = {"drop_rate": 0.0} if name == "dare" else {}  # DARE's masks differ per task by design
+    merged = merge(name, [vector, vector, vector], **deterministic)["w"]
     kept = merged != 0
     ratio = merged[kept] / vector["w"][kept]
     assert torch.allclose(ratio, ratio[0].expand_as(ratio))
+
+
+def random_vectors(count=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        {"layer.weight": torch.randn(6, 5, generator=generator), "layer.bias": torch.randn(6, generator=generator),
+         "norm.weight": torch.randn(6, generator=generator)}
+        for _ in range(count)
+    ]
+
+
+CONFIGURATIONS = [
+    ("weight_averaging", {}), ("task_arithmetic", {"scaling": 0.3}),
+    ("ties", {"density": 0.2}), ("ties", {"density": 0.5, "topk_scope": "per_tensor", "merge_func": "sum"}),
+    ("dare", {"drop_rate": 0.7, "seed": 3}),
+]
+
+
+@pytest.mark.parametrize("name,hyper", CONFIGURATIONS)
+def test_streamed_merge_from_files_is_bit_identical_to_in_memory(tmp_path, name, hyper):
+    vectors = random_vectors()
+    paths = []
+    for i, vector in enumerate(vectors):
+        paths.append(tmp_path / f"tv{i}.safetensors")
+        save_tensors(paths[-1], vector, {"task": str(i)})
+    streamed = dict(merge_stream(name, SafetensorsSource(paths), **hyper))
+    in_memory = merge(name, vectors, **hyper)
+    assert streamed.keys() == in_memory.keys()
+    for key in in_memory:
+        assert torch.equal(streamed[key], in_memory[key]), key
+
+
+def test_stream_reads_one_tensor_per_task_at_a_time():
+    """No statistics pass: the per-tensor rule only ever sees the current tensor of each task."""
+    vectors = random_vectors()
+    reads = []
+
+    class Recording(InMemorySource):
+        def tensor(self, index, key):
+            reads.append(key)
+            return super().tensor(index, key)
+
+    source = Recording(vectors)
+    for key, _ in merge_stream("task_arithmetic", source):
+        assert reads == [key] * len(vectors)  # read exactly now, just before its merged tensor is produced
+        reads.clear()
+
+
+def test_file_hash_streamed_equals_in_memory_hash(tmp_path):
+    vector = random_vectors(1)[0]
+    save_tensors(tmp_path / "v.safetensors", vector, {})
+    assert file_tensors_sha256(tmp_path / "v.safetensors") == tensors_sha256(vector)
+
+
+def test_dare_without_dropping_is_task_arithmetic():
+    vectors = random_vectors()
+    for key, value in dare(vectors, drop_rate=0.0, scaling=0.3).items():
+        assert torch.equal(value, task_arithmetic(vectors, scaling=0.3)[key])
+
+
+def test_dare_drops_about_p_and_rescales_survivors_exactly():
+    vector = {"w": torch.randn(200, 50, generator=torch.Generator().manual_seed(0))}
+    merged = dare([vector], drop_rate=0.9, scaling=1.0, seed=1)["w"]
+    kept = merged != 0
+    assert kept.float().mean().item() == pytest.approx(0.1, abs=0.01)
+    assert torch.allclose(merged[kept], vector["w"][kept] / 0.1)
+    # seeded: the same seed gives the same masks, another seed other masks
+    assert torch.equal(merged, dare([vector], drop_rate=0.9, scaling=1.0, seed=1)["w"])
+    assert not torch.equal(merged, dare([vector], drop_rate=0.9, scaling=1.0, seed=2)["w"])
+
+
+def test_dare_masks_do_not_depend_on_which_tensors_are_merged_alongside():
+    vectors = random_vectors()
+    full = dare(vectors, drop_rate=0.5)
+    only_bias = dare([{"layer.bias": v["layer.bias"]} for v in vectors], drop_rate=0.5)
+    assert torch.equal(full["layer.bias"], only_bias["layer.bias"])
+
+
+def test_dare_is_unbiased_over_seeds():
+    vectors = random_vectors(2)
+    mean = torch.stack([dare(vectors, drop_rate=0.5, scaling=1.0, seed=s)["layer.weight"] for s in range(400)]).mean(0)
+    assert torch.allclose(mean, task_arithmetic(vectors, scaling=1.0)["layer.weight"], atol=0.25)
+
+
+def test_bad_operator_hyperparameters_are_named():
+    with pytest.raises(ValueError, match=r"dare drop_rate must be in \[0, 1\), got 1.0"):
+        dare(random_vectors(), drop_rate=1.0)
+    with pytest.raises(ValueError, match="ties density"):
+        ties(random_vectors(), density=1.5)

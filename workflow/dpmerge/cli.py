@@ -170,24 +170,35 @@ def _common(metas: list[dict], key: str, what: str):
 
 
 def cmd_merge(args) -> None:
-    from dpmerge.merging import OPERATORS, merge
-    from dpmerge.taskvectors import load_tensors, save_tensors, tensors_sha256
+    from dpmerge.merging import OPERATORS, SafetensorsSource, merge_stream
+    from dpmerge.taskvectors import check_privacy_record, file_tensors_sha256, load_tensors, read_metadata, save_tensors
 
     params = _parse_params(args.param)
     base, base_meta = load_tensors(args.base)
-    vectors, metas = _read_task_vectors(args.task_vectors)
-    for path, vector in zip(args.task_vectors, vectors):
-        if set(vector) != set(base):
-            raise SystemExit(f"error: {path} does not have the parameters of base {args.base}")
+    metas = []
+    for path in args.task_vectors:
+        meta = read_metadata(path)
+        check_privacy_record(meta, path)
+        metas.append(meta)
     for key in ("backbone", "method", "target_epsilon", "seed", "pretrained_sha256"):
         _common(metas, key, "task vectors")
     if metas[0]["pretrained_sha256"] != base_meta.get("pretrained_sha256"):
         raise SystemExit(f"error: task vectors were trained from other pretrained weights than {args.base}")
     try:
-        merged_vector = merge(args.method, vectors, **params)
+        source = SafetensorsSource(args.task_vectors)
+        for path in args.task_vectors[:1]:
+            if missing := sorted(set(base) - set(source.keys())):
+                raise ValueError(f"{path} lacks tensors of base {args.base}: {missing[:5]}")
+            if extra := sorted(set(source.keys()) - set(base)):
+                raise ValueError(f"{path} has tensors that base {args.base} lacks: {extra[:5]}")
+        # Streamed: one tensor per task vector in memory at a time; the merged model is built in place of w0.
+        for key, merged_tensor in merge_stream(args.method, source, **params):
+            if merged_tensor.shape != base[key].shape:
+                raise ValueError(f"{key!r}: task vectors have shape {tuple(merged_tensor.shape)}, "
+                                 f"base {args.base} has {tuple(base[key].shape)}")
+            base[key] = base[key] + merged_tensor.to(base[key].dtype)
     except ValueError as error:
-        raise SystemExit(f"error: {error}")
-    merged = {name: base[name] + merged_vector[name] for name in base}
+        raise SystemExit(f"error: {error}")  # nothing written: the output appears only complete
     hyper = {**OPERATORS[args.method].defaults, **params}
     meta = {
         "artifact": "merged_model",
@@ -199,13 +210,13 @@ def cmd_merge(args) -> None:
         "seed": metas[0]["seed"],
         "pretrained_sha256": metas[0]["pretrained_sha256"],
         "tasks": [m["task"] for m in metas],
-        "inputs": [{"path": p, "sha256": tensors_sha256(v)} for p, v in zip(args.task_vectors, vectors)],
+        "inputs": [{"path": p, "sha256": file_tensors_sha256(p)} for p in args.task_vectors],
         # Post-processing of releases from disjoint datasets: (max eps, max delta)-DP by parallel composition.
         "release_epsilon": max((m["spent_epsilon"] for m in metas), key=lambda e: float(e)),
         "release_delta": max(float(m["delta"]) for m in metas),
     }
-    save_tensors(args.out, merged, meta)
-    _log(f"[merge] {args.method} {hyper} over {len(vectors)} task vectors -> {args.out}")
+    save_tensors(args.out, base, meta)
+    _log(f"[merge] {args.method} {hyper} over {len(metas)} task vectors (streamed) -> {args.out}")
 
 
 def _load_heads_and_data(heads: list[str], data: list[str]):

@@ -22,7 +22,9 @@ METHOD_LABELS = {
     "dp_anchor": "DP-Merging w/o flatness",
 }
 ABLATIONS = ("dp_sam", "dp_anchor")
-OPERATOR_LABELS = {"weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES"}
+OPERATOR_LABELS = {
+    "weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES", "dare": "DARE",
+}
 
 
 def _label(mapping: dict, key: str) -> str:

@@ -89,11 +89,24 @@ def save_released(path: str | Path, tensors: dict[str, torch.Tensor], record: di
     save_tensors(path, tensors, {**record, **(extra or {})})
 
 
+def _update_digest(digest, key: str, value: torch.Tensor) -> None:
+    value = value.detach().contiguous().cpu()
+    digest.update(f"{key}|{value.dtype}|{tuple(value.shape)}|".encode())
+    digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+
+
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     """Order-independent content hash of a tensor mapping (names, dtypes, shapes and bytes)."""
     digest = hashlib.sha256()
     for key in sorted(tensors):
-        value = tensors[key].detach().contiguous().cpu()
-        digest.update(f"{key}|{value.dtype}|{tuple(value.shape)}|".encode())
-        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+        _update_digest(digest, key, tensors[key])
+    return digest.hexdigest()
+
+
+def file_tensors_sha256(path: str | Path) -> str:
+    """tensors_sha256 of a safetensors file's tensors, read one tensor at a time (for streaming merges)."""
+    digest = hashlib.sha256()
+    with safe_open(str(path), framework="pt") as handle:
+        for key in sorted(handle.keys()):
+            _update_digest(digest, key, handle.get_tensor(key))
     return digest.hexdigest()
