@@ -6,6 +6,8 @@ import torch
 from dpmerge.merging import (
     OPERATORS,
     InMemorySource,
+    _streamed_top_magnitude_threshold,
+    _top_magnitude_threshold,
     SafetensorsSource,
     dare,
     merge,
@@ -184,3 +186,15 @@ def test_bad_operator_hyperparameters_are_named():
         dare(random_vectors(), drop_rate=1.0)
     with pytest.raises(ValueError, match="ties density"):
         ties(random_vectors(), density=1.5)
+
+
+@pytest.mark.parametrize("density", [0.0, 1e-3, 0.2, 0.5, 0.999, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_streamed_global_threshold_equals_kthvalue_over_the_concatenation(density, dtype):
+    generator = torch.Generator().manual_seed(0)
+    vector = {"a": torch.randn(300, 7, generator=generator).to(dtype),
+              "b": torch.randint(-3, 4, (500,), generator=generator).to(dtype),  # many ties, zeros
+              "c": 1e-30 * torch.randn(64, generator=generator).to(dtype)}
+    flat = torch.cat([v.reshape(-1) for v in vector.values()]).to(torch.float32)
+    expected = _top_magnitude_threshold(flat, density)
+    assert _streamed_top_magnitude_threshold(InMemorySource([vector]), 0, density) == expected

@@ -171,10 +171,12 @@ def _common(metas: list[dict], key: str, what: str):
 
 def cmd_merge(args) -> None:
     from dpmerge.merging import OPERATORS, SafetensorsSource, merge_stream
-    from dpmerge.taskvectors import check_privacy_record, file_tensors_sha256, load_tensors, read_metadata, save_tensors
+    from dpmerge.taskvectors import (
+        LazySafetensors, check_privacy_record, file_tensors_sha256, read_metadata, write_tensors_streaming,
+    )
 
     params = _parse_params(args.param)
-    base, base_meta = load_tensors(args.base)
+    base = LazySafetensors(args.base)
     metas = []
     for path in args.task_vectors:
         meta = read_metadata(path)
@@ -182,24 +184,9 @@ def cmd_merge(args) -> None:
         metas.append(meta)
     for key in ("backbone", "method", "target_epsilon", "seed", "pretrained_sha256"):
         _common(metas, key, "task vectors")
-    if metas[0]["pretrained_sha256"] != base_meta.get("pretrained_sha256"):
+    if metas[0]["pretrained_sha256"] != base.metadata.get("pretrained_sha256"):
         raise SystemExit(f"error: task vectors were trained from other pretrained weights than {args.base}")
-    try:
-        source = SafetensorsSource(args.task_vectors)
-        for path in args.task_vectors[:1]:
-            if missing := sorted(set(base) - set(source.keys())):
-                raise ValueError(f"{path} lacks tensors of base {args.base}: {missing[:5]}")
-            if extra := sorted(set(source.keys()) - set(base)):
-                raise ValueError(f"{path} has tensors that base {args.base} lacks: {extra[:5]}")
-        # Streamed: one tensor per task vector in memory at a time; the merged model is built in place of w0.
-        for key, merged_tensor in merge_stream(args.method, source, **params):
-            if merged_tensor.shape != base[key].shape:
-                raise ValueError(f"{key!r}: task vectors have shape {tuple(merged_tensor.shape)}, "
-                                 f"base {args.base} has {tuple(base[key].shape)}")
-            base[key] = base[key] + merged_tensor.to(base[key].dtype)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}")  # nothing written: the output appears only complete
-    hyper = {**OPERATORS[args.method].defaults, **params}
+    hyper = {**OPERATORS[args.method].defaults, **params} if args.method in OPERATORS else params
     meta = {
         "artifact": "merged_model",
         "operator": args.method,
@@ -215,7 +202,26 @@ def cmd_merge(args) -> None:
         "release_epsilon": max((m["spent_epsilon"] for m in metas), key=lambda e: float(e)),
         "release_delta": max(float(m["delta"]) for m in metas),
     }
-    save_tensors(args.out, base, meta)
+    try:
+        source = SafetensorsSource(args.task_vectors)
+        if missing := sorted(set(base.keys()) - set(source.keys())):
+            raise ValueError(f"{args.task_vectors[0]} lacks tensors of base {args.base}: {missing[:5]}")
+        if extra := sorted(set(source.keys()) - set(base.keys())):
+            raise ValueError(f"{args.task_vectors[0]} has tensors that base {args.base} lacks: {extra[:5]}")
+        for key in source.keys():
+            if source.shape(key) != base.shape(key):
+                raise ValueError(f"{key!r}: task vectors have shape {source.shape(key)}, "
+                                 f"base {args.base} has {base.shape(key)}")
+        # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
+        # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
+        merged_model = (
+            (key, base.get_tensor(key) + merged.to(base.dtype(key)))
+            for key, merged in merge_stream(args.method, source, **params)
+        )
+        layout = {key: (base.dtype(key), base.shape(key)) for key in source.keys()}
+        write_tensors_streaming(args.out, layout, merged_model, meta)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}")  # nothing written: the output appears only complete
     _log(f"[merge] {args.method} {hyper} over {len(metas)} task vectors (streamed) -> {args.out}")
 
 

@@ -39,6 +39,9 @@ class VectorSource:
     def tensor(self, index: int, key: str) -> torch.Tensor:
         raise NotImplementedError
 
+    def shape(self, key: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
     def __len__(self) -> int:
         return len(self.names)
 
@@ -60,32 +63,36 @@ class InMemorySource(VectorSource):
     def keys(self) -> list[str]:
         return list(self.vectors[0])
 
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.vectors[0][key].shape)
+
     def tensor(self, index: int, key: str) -> torch.Tensor:
         return _checked_finite(self.vectors[index][key], self.names[index], key)
 
 
 class SafetensorsSource(VectorSource):
-    """Task vectors in safetensors files, opened lazily: a tensor is read from disk only when asked for."""
+    """Task vectors in safetensors files, read lazily: a tensor is read from disk only when asked for, and
+    memory holds only the tensors still referenced (no memory map keeps earlier ones resident)."""
 
     def __init__(self, paths: list[str | Path]):
-        from safetensors import safe_open
+        from dpmerge.taskvectors import LazySafetensors
 
         if not paths:
             raise ValueError("merging needs at least one task vector")
         self.names = [str(p) for p in paths]
-        self.handles = [safe_open(str(p), framework="pt") for p in paths]
-        structures = []
-        for handle in self.handles:
-            structures.append({k: (tuple(handle.get_slice(k).get_shape()), handle.get_slice(k).get_dtype())
-                               for k in handle.keys()})
+        self.files = [LazySafetensors(p) for p in paths]
+        structures = [{k: (f.shape(k), str(f.dtype(k))) for k in f.keys()} for f in self.files]
         _check_same_structure(self.names, structures)
         self._keys = list(structures[0])
 
     def keys(self) -> list[str]:
         return self._keys
 
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.files[0].shape(key)
+
     def tensor(self, index: int, key: str) -> torch.Tensor:
-        return _checked_finite(self.handles[index].get_tensor(key), self.names[index], key)
+        return _checked_finite(self.files[index].get_tensor(key), self.names[index], key)
 
 
 def _structure(vector: TaskVector) -> dict:
@@ -161,15 +168,43 @@ def _ties_check(density, scaling, merge_func, topk_scope):
 
 
 def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_scope):
-    """Global top-k: each task vector's magnitude threshold over all its entries (one vector in memory)."""
+    """Global top-k: each task vector's magnitude threshold over all its entries, streamed (see below)."""
     if topk_scope != "global":
         return None
-    thresholds = []
-    for index in range(len(source)):
-        flat = torch.cat([source.tensor(index, key).reshape(-1) for key in source.keys()])
-        thresholds.append(_top_magnitude_threshold(flat, density))
-        del flat
-    return thresholds
+    return [_streamed_top_magnitude_threshold(source, index, density) for index in range(len(source))]
+
+
+def _streamed_top_magnitude_threshold(source: VectorSource, index: int, density: float) -> float:
+    """Exactly _top_magnitude_threshold over the concatenation of one task vector's tensors, without building it.
+
+    Radix selection on float32 bit patterns (monotone for |v| >= 0): one pass histograms the high 16 bits and
+    finds the bucket holding the wanted order statistic, a second pass histograms the low 16 bits inside it.
+    Memory: one tensor at a time.
+    """
+    keys = source.keys()
+    numel = sum(torch.Size(source.shape(key)).numel() for key in keys)
+    k = int(round(density * numel))
+    if k >= numel:
+        return 0.0
+    if k <= 0:
+        return float("inf")
+    rank = numel - k + 1  # 1-based rank from the smallest, as kthvalue(numel - k + 1)
+
+    def magnitude_bits(key):
+        return source.tensor(index, key).detach().abs().to(torch.float32).reshape(-1).view(torch.int32).to(torch.int64)
+
+    high = torch.zeros(1 << 16, dtype=torch.int64)
+    for key in keys:
+        high += torch.bincount(magnitude_bits(key) >> 16, minlength=1 << 16)
+    cumulative = high.cumsum(0)
+    bucket = int(torch.searchsorted(cumulative, torch.tensor(rank)))
+    rank -= int(cumulative[bucket - 1]) if bucket else 0
+    low = torch.zeros(1 << 16, dtype=torch.int64)
+    for key in keys:
+        bits = magnitude_bits(key)
+        low += torch.bincount(bits[(bits >> 16) == bucket] & 0xFFFF, minlength=1 << 16)
+    offset = int(torch.searchsorted(low.cumsum(0), torch.tensor(rank)))
+    return float(torch.tensor([(bucket << 16) | offset], dtype=torch.int32).view(torch.float32))
 
 
 def _ties_tensor(key, tensors, thresholds, density, scaling, merge_func, topk_scope):

@@ -77,6 +77,91 @@ def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, {key: json.loads(value) for key, value in raw.items()}
 
 
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+class LazySafetensors:
+    """A safetensors file read one tensor at a time with plain reads.
+
+    Unlike safe_open (which memory-maps the file, so every tensor ever touched stays in the process's resident
+    set until the file is closed), only the tensors currently referenced occupy memory.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no such safetensors file: {self.path}")
+        with open(self.path, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            try:
+                header = json.loads(handle.read(size))
+            except (ValueError, UnicodeDecodeError) as error:
+                raise ValueError(f"{self.path} is not a safetensors file ({error})") from None
+        self._data_start = 8 + size
+        self.metadata = {key: json.loads(value) for key, value in (header.pop("__metadata__", None) or {}).items()}
+        self._entries = header
+
+    def keys(self) -> list[str]:
+        return sorted(self._entries)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._entries[key]["shape"])
+
+    def dtype(self, key: str) -> torch.dtype:
+        return _DTYPES[self._entries[key]["dtype"]]
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        begin, end = self._entries[key]["data_offsets"]
+        buffer = bytearray(end - begin)
+        with open(self.path, "rb") as handle:
+            handle.seek(self._data_start + begin)
+            handle.readinto(buffer)
+        if not buffer:
+            return torch.empty(self.shape(key), dtype=self.dtype(key))
+        return torch.frombuffer(buffer, dtype=self.dtype(key)).reshape(self.shape(key))
+
+
+def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+                            tensors, metadata: dict | None = None) -> None:
+    """Write a safetensors file from an iterator of (name, tensor) in `layout` order, holding one at a time.
+
+    `layout` (name -> (dtype, shape)) fixes the header up front; each produced tensor must match it. Written
+    atomically: a failure midway leaves no file.
+    """
+    names = list(layout)
+    header, offset = {}, 0
+    for name in names:
+        dtype, shape = layout[name]
+        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    if metadata:
+        header["__metadata__"] = {key: json.dumps(value) for key, value in metadata.items()}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+
+    def write(tmp):
+        with open(tmp, "wb") as handle:
+            handle.write(len(encoded).to_bytes(8, "little"))
+            handle.write(encoded)
+            produced = iter(tensors)
+            for name in names:
+                key, value = next(produced)
+                if key != name or value.dtype != layout[name][0] or tuple(value.shape) != tuple(layout[name][1]):
+                    raise ValueError(f"expected tensor {name!r} {layout[name]}, got {key!r} "
+                                     f"({value.dtype}, {tuple(value.shape)})")
+                value = value.detach().contiguous().cpu()
+                if value.numel():
+                    handle.write(value.reshape(-1).view(torch.uint8).numpy())
+
+    atomic_write(path, write)
+
+
 def check_privacy_record(record: dict, where: str) -> None:
     missing = [field for field in PRIVACY_FIELDS if field not in record]
     if missing:
@@ -106,7 +191,7 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
 def file_tensors_sha256(path: str | Path) -> str:
     """tensors_sha256 of a safetensors file's tensors, read one tensor at a time (for streaming merges)."""
     digest = hashlib.sha256()
-    with safe_open(str(path), framework="pt") as handle:
-        for key in sorted(handle.keys()):
-            _update_digest(digest, key, handle.get_tensor(key))
+    lazy = LazySafetensors(path)
+    for key in lazy.keys():
+        _update_digest(digest, key, lazy.get_tensor(key))
     return digest.hexdigest()

@@ -1,0 +1,126 @@
+"""Peak memory and wall time of every merge operator: streamed (`dpmerge merge`) vs everything in memory.
+
+    .venv/bin/python bench/merge_memory.py [--tasks 8] [--workdir /tmp/dpmerge-merge-bench]
+
+Writes T random task vectors with the parameter shapes of ViT-B/32 (timm architecture, 87.5M float32
+parameters, ~350 MB each) plus w0, then for every registered operator runs, each in a fresh process:
+  stream     the `dpmerge merge` command (lazy safetensors reads, one tensor per task at a time)
+  in-memory  load all T vectors, then merge the dicts (what a naive script does)
+and prints wall time, peak RSS, and peak RSS above the bare interpreter (python + torch imported) in units of
+one model. Target (issue 4): peak RSS <= 2.5x one model for every streamable operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def peak_rss_mib() -> float:
+    """VmHWM: this process's peak resident set. (ru_maxrss would carry over the parent's peak across exec.)"""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(mode: str, workdir: Path, operator: str, tasks: int) -> None:
+    """Runs in a fresh process; prints its peak RSS in MiB as JSON."""
+    sys.path.insert(0, str(HERE.parent / "workflow"))
+    import torch  # noqa: F401
+
+    import dpmerge  # noqa: F401
+
+    baseline = peak_rss_mib()
+    vectors = [str(workdir / f"tv{i}.safetensors") for i in range(tasks)]
+    out = workdir / f"merged_{operator}_{mode}.safetensors"
+    start = time.perf_counter()
+    if mode == "stream":
+        from dpmerge.cli import main
+
+        main(["merge", "--method", operator, "--base", str(workdir / "w0.safetensors"), "-o", str(out), *vectors])
+    elif mode == "in-memory":
+        from dpmerge.merging import merge
+        from dpmerge.taskvectors import load_tensors, save_tensors
+
+        base, _ = load_tensors(workdir / "w0.safetensors")
+        loaded = [load_tensors(path)[0] for path in vectors]
+        merged = merge(operator, loaded)
+        save_tensors(out, {key: base[key] + merged[key] for key in base}, {"operator": operator})
+    elif mode != "baseline":
+        raise ValueError(mode)
+    seconds = time.perf_counter() - start
+    peak = peak_rss_mib()
+    print(json.dumps({"baseline_mib": baseline, "peak_mib": peak, "seconds": seconds}))
+    out.unlink(missing_ok=True)
+
+
+def write_inputs(workdir: Path, tasks: int) -> int:
+    sys.path.insert(0, str(HERE.parent / "workflow"))
+    import torch
+
+    import dpmerge  # noqa: F401
+    from dpmerge.reference_shapes import vit_b32_shaped
+    from dpmerge.taskvectors import PRIVACY_FIELDS, save_released, save_tensors
+
+    model, _ = vit_b32_shaped()
+    shapes = {name: p.shape for name, p in model.state_dict().items()}
+    del model
+    numel = sum(s.numel() for s in shapes.values())
+    workdir.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(0)
+    save_tensors(workdir / "w0.safetensors", {k: torch.randn(s, generator=generator) for k, s in shapes.items()},
+                 {"pretrained_sha256": "bench"})
+    record = {field: 0 for field in PRIVACY_FIELDS}
+    record.update(method="naive_dp", target_epsilon=4.0, spent_epsilon=3.99, delta=1e-5, seed=0,
+                  pretrained_sha256="bench", accountant="rdp", sampling="poisson")
+    for i in range(tasks):
+        vector = {k: 1e-3 * torch.randn(s, generator=generator) for k, s in shapes.items()}
+        save_released(workdir / f"tv{i}.safetensors", vector, record, {"backbone": "vit_b32", "task": f"t{i}"})
+        del vector
+    return numel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/dpmerge-merge-bench"))
+    parser.add_argument("--operators", nargs="+", default=None)
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "OPERATOR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.workdir, args.child[1], args.tasks)
+        return
+
+    numel = write_inputs(args.workdir, args.tasks)
+    model_mib = numel * 4 / 2**20
+    sys.path.insert(0, str(HERE.parent / "workflow"))
+    from dpmerge.merging import OPERATORS
+
+    def run(mode, operator):
+        result = subprocess.run([sys.executable, __file__, "--tasks", str(args.tasks), "--workdir", str(args.workdir),
+                                 "--child", mode, operator], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr[-2000:])
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    bare = run("baseline", "weight_averaging")["peak_mib"]
+    print(f"{args.tasks} task vectors shaped like ViT-B/32 ({numel / 1e6:.1f}M float32 parameters, one model = "
+          f"{model_mib:.0f} MiB); bare interpreter with torch: {bare:.0f} MiB")
+    print(f"{'operator':18s} {'mode':10s} {'seconds':>8s} {'peak RSS MiB':>13s} {'models':>7s} {'above bare':>11s}")
+    for operator in args.operators or list(OPERATORS):
+        for mode in ("stream", "in-memory"):
+            r = run(mode, operator)
+            print(f"{operator:18s} {mode:10s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} "
+                  f"{r['peak_mib'] / model_mib:7.2f} {(r['peak_mib'] - bare) / model_mib:11.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
