@@ -57,12 +57,10 @@ class OpacusClipper:
             F.cross_entropy(self.module(*features), labels, reduction="sum").backward()
         finally:
             self.module.disable_hooks()
-        grads = [p.grad_sample for p in self.params]
-        squared = sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads)
-        factors = clip_factors(squared, clip_norm)
-        summed = [torch.einsum("i,i...->...", factors, g) for g in grads]
+        grads = PerExampleGradients({str(i): p.grad_sample for i, p in enumerate(self.params)})
+        sums = grads.clipped_sums(clip_factors(grads.squared_norms(), clip_norm))
         self.module.zero_grad(set_to_none=True)
-        return summed
+        return [sums[str(i)] for i in range(len(self.params))]
 
     def close(self) -> None:
         self.module._close()  # remove hooks: the backbone is shared with later models in this process
@@ -78,14 +76,31 @@ class _Call:
     versions: tuple[int, ...]
 
 
-class LayerRule:
-    """Per-example squared gradient norms and the clipped sum for one layer type, from its input and output grad."""
+class LayerGradients:
+    """One layer call's per-example gradient information, from its inputs and output gradient.
 
-    def squared_norms(self, module, inputs, grad_output) -> dict[str, torch.Tensor]:  # name -> (B,)
+    Built once per query and asked twice: for the per-example squared norms (summed over the layer's
+    parameters), then, once the clip factors are known, for the clipped sums per parameter name.
+    """
+
+    def squared_norms(self) -> torch.Tensor:  # (B,)
         raise NotImplementedError
 
-    def clipped_sums(self, module, inputs, grad_output, factors) -> dict[str, torch.Tensor]:
+    def clipped_sums(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+
+class PerExampleGradients(LayerGradients):
+    """Instantiated per-example gradients, name -> (B, *param.shape): cheap for small layers."""
+
+    def __init__(self, grads: dict[str, torch.Tensor]):
+        self.grads = grads
+
+    def squared_norms(self):
+        return sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in self.grads.values())
+
+    def clipped_sums(self, factors):
+        return {name: torch.einsum("i,i...->...", factors, g) for name, g in self.grads.items()}
 
 
 def _linear_weight_squared_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -98,142 +113,107 @@ def _linear_weight_squared_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tens
     return torch.bmm(g.transpose(1, 2), a).pow(2).sum((1, 2))
 
 
-class LinearRule(LayerRule):
-    @staticmethod
-    def _flat(module, inputs, grad_output):
-        batch = grad_output.shape[0]
-        return inputs[0].reshape(batch, -1, module.in_features), grad_output.reshape(batch, -1, module.out_features)
+class TokenLinearGradients(LayerGradients):
+    """A linear map applied to T tokens per example: a (B, T, d_in), g (B, T, d_out); never instantiated."""
 
-    def squared_norms(self, module, inputs, grad_output):
-        a, g = self._flat(module, inputs, grad_output)
-        norms = {"weight": _linear_weight_squared_norms(a, g)}
-        if module.bias is not None:
-            norms["bias"] = g.sum(1).pow(2).sum(1)
-        return norms
+    def __init__(self, a, g, weight_shape, has_bias: bool):
+        self.a, self.g, self.weight_shape, self.has_bias = a, g, weight_shape, has_bias
 
-    def clipped_sums(self, module, inputs, grad_output, factors):
-        a, g = self._flat(module, inputs, grad_output)
-        weighted = g * factors[:, None, None]
-        sums = {"weight": weighted.reshape(-1, g.shape[2]).T @ a.reshape(-1, a.shape[2])}
-        if module.bias is not None:
+    def squared_norms(self):
+        norms = _linear_weight_squared_norms(self.a, self.g)
+        return norms + self.g.sum(1).pow(2).sum(1) if self.has_bias else norms
+
+    def clipped_sums(self, factors):
+        weighted = self.g * factors[:, None, None]
+        weight = weighted.reshape(-1, self.g.shape[2]).T @ self.a.reshape(-1, self.a.shape[2])
+        sums = {"weight": weight.reshape(self.weight_shape)}
+        if self.has_bias:
             sums["bias"] = weighted.sum((0, 1))
         return sums
 
 
-class Conv2dRule(LinearRule):
-    """A convolution is a linear layer over unfolded patches, one per group (depthwise: one per channel)."""
+class EmbeddingGradients(LayerGradients):
+    """Token embeddings: ghost norm over positions holding the same token; clipped sum by index_add."""
 
-    @staticmethod
-    def supports(module) -> bool:
-        return module.padding_mode == "zeros" and not isinstance(module.padding, str)
-
-    @staticmethod
-    def _flat(module, inputs, grad_output):
+    def __init__(self, module: nn.Embedding, ids: torch.Tensor, grad_output: torch.Tensor):
         batch = grad_output.shape[0]
-        patches = F.unfold(inputs[0], module.kernel_size, module.dilation, module.padding, module.stride)
-        return patches.transpose(1, 2), grad_output.reshape(batch, module.out_channels, -1).transpose(1, 2)
-
-    def _grouped_per_example(self, module, inputs, grad_output):
-        """Per-example weight gradients (B, *weight.shape); cheap when groups > 1 (each group is small)."""
-        a, g = self._flat(module, inputs, grad_output)  # (B, L, C_in*k*k), (B, L, C_out)
-        batch, tokens, groups = a.shape[0], a.shape[1], module.groups
-        a = a.reshape(batch, tokens, groups, -1)
-        g = g.reshape(batch, tokens, groups, -1)
-        return torch.einsum("blgo,blgi->bgoi", g, a).reshape(batch, *module.weight.shape)
-
-    def squared_norms(self, module, inputs, grad_output):
-        if module.groups == 1:
-            return super().squared_norms(module, inputs, grad_output)
-        norms = {"weight": self._grouped_per_example(module, inputs, grad_output).pow(2).sum((1, 2, 3, 4))}
-        if module.bias is not None:
-            norms["bias"] = grad_output.sum((2, 3)).pow(2).sum(1)
-        return norms
-
-    def clipped_sums(self, module, inputs, grad_output, factors):
-        if module.groups == 1:
-            sums = super().clipped_sums(module, inputs, grad_output, factors)
-            sums["weight"] = sums["weight"].reshape(module.weight.shape)
-            return sums
-        sums = {"weight": torch.einsum("i,i...->...", factors, self._grouped_per_example(module, inputs, grad_output))}
-        if module.bias is not None:
-            sums["bias"] = torch.einsum("i,io->o", factors, grad_output.sum((2, 3)))
-        return sums
-
-
-class LayerNormRule(LayerRule):
-    @staticmethod
-    def _per_example(module, inputs, grad_output):
-        normalized = F.layer_norm(inputs[0], module.normalized_shape, None, None, module.eps)
-        dims = tuple(range(1, grad_output.dim() - len(module.normalized_shape)))
-        grads = {"weight": (grad_output * normalized).sum(dims) if dims else grad_output * normalized}
-        if module.bias is not None:
-            grads["bias"] = grad_output.sum(dims) if dims else grad_output
-        return grads
-
-    def squared_norms(self, module, inputs, grad_output):
-        return {name: g.reshape(g.shape[0], -1).pow(2).sum(1) for name, g in self._per_example(module, inputs, grad_output).items()}
-
-    def clipped_sums(self, module, inputs, grad_output, factors):
-        return {name: torch.einsum("i,i...->...", factors, g) for name, g in self._per_example(module, inputs, grad_output).items()}
-
-
-class EmbeddingRule(LayerRule):
-    @staticmethod
-    def supports(module) -> bool:
-        return module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
-
-    @staticmethod
-    def _flat(module, inputs, grad_output):
-        batch = grad_output.shape[0]
-        ids = inputs[0].reshape(batch, -1)
-        g = grad_output.reshape(batch, -1, module.embedding_dim)
+        self.weight = module.weight
+        self.ids = ids.reshape(batch, -1)
+        self.g = grad_output.reshape(batch, -1, module.embedding_dim)
         if module.padding_idx is not None:  # nn.Embedding never updates its padding row
-            g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
-        return ids, g
+            self.g = self.g * (self.ids != module.padding_idx).unsqueeze(-1).to(self.g.dtype)
 
-    def squared_norms(self, module, inputs, grad_output):
-        ids, g = self._flat(module, inputs, grad_output)
-        same_row = (ids[:, :, None] == ids[:, None, :]).to(g.dtype)
-        return {"weight": (same_row * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))}
+    def squared_norms(self):
+        same_row = (self.ids[:, :, None] == self.ids[:, None, :]).to(self.g.dtype)
+        return (same_row * torch.bmm(self.g, self.g.transpose(1, 2))).sum((1, 2))
 
-    def clipped_sums(self, module, inputs, grad_output, factors):
-        ids, g = self._flat(module, inputs, grad_output)
-        weighted = (g * factors[:, None, None]).reshape(-1, g.shape[2])
-        return {"weight": torch.zeros_like(module.weight).index_add_(0, ids.reshape(-1), weighted)}
+    def clipped_sums(self, factors):
+        weighted = (self.g * factors[:, None, None]).reshape(-1, self.g.shape[2])
+        return {"weight": torch.zeros_like(self.weight).index_add_(0, self.ids.reshape(-1), weighted)}
 
 
-class VmapRule(LayerRule):
+def _linear(module: nn.Linear, inputs, grad_output) -> LayerGradients:
+    batch = grad_output.shape[0]
+    return TokenLinearGradients(inputs[0].reshape(batch, -1, module.in_features),
+                                grad_output.reshape(batch, -1, module.out_features),
+                                module.weight.shape, module.bias is not None)
+
+
+def _conv2d(module: nn.Conv2d, inputs, grad_output) -> LayerGradients:
+    """A convolution is a linear layer over unfolded patches, one per group (depthwise: one per channel)."""
+    batch = grad_output.shape[0]
+    a = F.unfold(inputs[0], module.kernel_size, module.dilation, module.padding, module.stride).transpose(1, 2)
+    g = grad_output.reshape(batch, module.out_channels, -1).transpose(1, 2)  # (B, L, C_out)
+    if module.groups == 1:
+        return TokenLinearGradients(a, g, module.weight.shape, module.bias is not None)
+    # Grouped: instantiate; each group's per-example gradient is small (depthwise: channels x k x k).
+    tokens, groups = a.shape[1], module.groups
+    weight = torch.einsum("blgo,blgi->bgoi", g.reshape(batch, tokens, groups, -1), a.reshape(batch, tokens, groups, -1))
+    grads = {"weight": weight.reshape(batch, *module.weight.shape)}
+    if module.bias is not None:
+        grads["bias"] = grad_output.sum((2, 3))
+    return PerExampleGradients(grads)
+
+
+def _layer_norm(module: nn.LayerNorm, inputs, grad_output) -> LayerGradients:
+    normalized = F.layer_norm(inputs[0], module.normalized_shape, None, None, module.eps)
+    dims = tuple(range(1, grad_output.dim() - len(module.normalized_shape)))
+    grads = {"weight": (grad_output * normalized).sum(dims) if dims else grad_output * normalized}
+    if module.bias is not None:
+        grads["bias"] = grad_output.sum(dims) if dims else grad_output
+    return PerExampleGradients(grads)
+
+
+def _embedding(module: nn.Embedding, inputs, grad_output) -> LayerGradients:
+    return EmbeddingGradients(module, inputs[0], grad_output)
+
+
+def _vmap(module: nn.Module, inputs, grad_output) -> LayerGradients:
     """Any layer: per-example gradients of its own parameters by vmap over (input, output grad) pairs."""
+    own = {name: p.detach() for name, p in module.named_parameters(recurse=False) if p.requires_grad}
 
-    @staticmethod
-    def _per_example(module, inputs, grad_output):
-        own = {name: p.detach() for name, p in module.named_parameters(recurse=False) if p.requires_grad}
+    def contribution(params, grad_out, *args):
+        out = torch.func.functional_call(module, params, tuple(a.unsqueeze(0) for a in args))
+        return (out * grad_out.unsqueeze(0)).sum()
 
-        def contribution(params, grad_out, *args):
-            out = torch.func.functional_call(module, params, tuple(a.unsqueeze(0) for a in args))
-            return (out * grad_out.unsqueeze(0)).sum()
-
-        return torch.func.vmap(torch.func.grad(contribution), in_dims=(None, 0) + (0,) * len(inputs))(
-            own, grad_output, *inputs
-        )
-
-    def squared_norms(self, module, inputs, grad_output):
-        return {name: g.reshape(g.shape[0], -1).pow(2).sum(1) for name, g in self._per_example(module, inputs, grad_output).items()}
-
-    def clipped_sums(self, module, inputs, grad_output, factors):
-        return {name: torch.einsum("i,i...->...", factors, g) for name, g in self._per_example(module, inputs, grad_output).items()}
+    grads = torch.func.vmap(torch.func.grad(contribution), in_dims=(None, 0) + (0,) * len(inputs))(
+        own, grad_output, *inputs
+    )
+    return PerExampleGradients(grads)
 
 
-def rule_for(module: nn.Module) -> LayerRule:
+def rule_for(module: nn.Module):
+    """The function (module, inputs, grad_output) -> LayerGradients for this layer."""
     if type(module) is nn.Linear:
-        return LinearRule()
-    if type(module) is nn.Conv2d and Conv2dRule.supports(module):
-        return Conv2dRule()
+        return _linear
+    if type(module) is nn.Conv2d and module.padding_mode == "zeros" and not isinstance(module.padding, str):
+        return _conv2d
     if type(module) is nn.LayerNorm:
-        return LayerNormRule()
-    if type(module) is nn.Embedding and EmbeddingRule.supports(module):
-        return EmbeddingRule()
-    return VmapRule()
+        return _layer_norm
+    if (type(module) is nn.Embedding and module.max_norm is None and not module.scale_grad_by_freq
+            and not module.sparse):
+        return _embedding
+    return _vmap
 
 
 class BookKeepingClipper:
@@ -250,11 +230,11 @@ class BookKeepingClipper:
     def __init__(self, model: nn.Module):
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.layers: list[tuple[str, nn.Module, LayerRule]] = []
+        self.layers: list[tuple[str, nn.Module, object]] = []
         for name, module in model.named_modules():
             if any(p.requires_grad for p in module.parameters(recurse=False)):
                 self.layers.append((name, module, rule_for(module)))
-        self._calls: dict[int, list[_Call]] = {}
+        self._calls: dict[int, _Call] = {}
         self._recording = False
         self._handles = [module.register_forward_hook(self._record, with_kwargs=True) for _, module, _ in self.layers]
 
@@ -266,14 +246,13 @@ class BookKeepingClipper:
                 f"book-keeping needs positional tensor inputs and one tensor output from {type(module).__name__}; "
                 "use per_sample_gradients 'functorch' for this model"
             )
-        calls = self._calls.setdefault(id(module), [])
-        if calls:
+        if id(module) in self._calls:
             raise RuntimeError(
                 f"{type(module).__name__} was called twice in one forward (shared weights); "
                 "use per_sample_gradients 'functorch' for this model"
             )
         inputs = tuple(t.detach() for t in inputs)
-        calls.append(_Call(inputs, output, tuple(t._version for t in (*inputs, output))))
+        self._calls[id(module)] = _Call(inputs, output, tuple(t._version for t in (*inputs, output)))
 
     def clipped_sum(self, features, labels, clip_norm: float) -> list[torch.Tensor]:
         if labels.numel() == 0:
@@ -284,29 +263,28 @@ class BookKeepingClipper:
             loss = F.cross_entropy(self.model(*features), labels, reduction="sum")
         finally:
             self._recording = False
-        layers = [(name, module, rule, self._calls[id(module)][0]) for name, module, rule in self.layers
-                  if id(module) in self._calls]
+        calls, self._calls = self._calls, {}
+        layers = [(name, module, rule, calls[id(module)]) for name, module, rule in self.layers if id(module) in calls]
         for name, module, _, call in layers:
             if tuple(t._version for t in (*call.inputs, call.output)) != call.versions:
                 raise RuntimeError(f"layer {name!r} ({type(module).__name__}): its input or output was modified "
                                    "in place after the forward; per-example gradients would be wrong")
         # Only activation gradients are requested, so autograd never computes a (non-private) weight gradient.
         grad_outputs = torch.autograd.grad(loss, [call.output for *_, call in layers], allow_unused=True)
-        batch = labels.shape[0]
-        squared = torch.zeros(batch, dtype=loss.dtype)
-        for (name, module, rule, call), grad_output in zip(layers, grad_outputs):
-            if grad_output is not None:
-                for value in rule.squared_norms(module, call.inputs, grad_output).values():
-                    squared = squared + value
+        gradients = [
+            (module, rule(module, call.inputs, grad_output))
+            for (_, module, rule, call), grad_output in zip(layers, grad_outputs)
+            if grad_output is not None
+        ]
+        squared = torch.zeros(labels.shape[0], dtype=loss.dtype)
+        for _, layer in gradients:
+            squared = squared + layer.squared_norms()
         factors = clip_factors(squared, clip_norm)
         sums: dict[int, torch.Tensor] = {}
-        for (name, module, rule, call), grad_output in zip(layers, grad_outputs):
-            if grad_output is None:
-                continue
+        for module, layer in gradients:
             own = dict(module.named_parameters(recurse=False))
-            for param_name, value in rule.clipped_sums(module, call.inputs, grad_output, factors).items():
+            for param_name, value in layer.clipped_sums(factors).items():
                 sums[id(own[param_name])] = value
-        self._calls = {}
         return [sums[id(p)] if id(p) in sums else torch.zeros_like(p) for p in self.params]
 
     def close(self) -> None:
