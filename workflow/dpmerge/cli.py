@@ -170,7 +170,7 @@ def _common(metas: list[dict], key: str, what: str):
 
 
 def cmd_merge(args) -> None:
-    from dpmerge.merging import OPERATORS, SafetensorsSource, merge_stream
+    from dpmerge.merging import OPERATORS, SafetensorsSource, check_same_structure, merge_stream
     from dpmerge.taskvectors import (
         LazySafetensors, check_privacy_record, file_tensors_sha256, read_metadata, write_tensors_streaming,
     )
@@ -186,38 +186,31 @@ def cmd_merge(args) -> None:
         _common(metas, key, "task vectors")
     if metas[0]["pretrained_sha256"] != base.metadata.get("pretrained_sha256"):
         raise SystemExit(f"error: task vectors were trained from other pretrained weights than {args.base}")
-    hyper = {**OPERATORS[args.method].defaults, **params} if args.method in OPERATORS else params
-    meta = {
-        "artifact": "merged_model",
-        "operator": args.method,
-        "hyperparameters": hyper,
-        "backbone": metas[0]["backbone"],
-        "method": metas[0]["method"],
-        "target_epsilon": metas[0]["target_epsilon"],
-        "seed": metas[0]["seed"],
-        "pretrained_sha256": metas[0]["pretrained_sha256"],
-        "tasks": [m["task"] for m in metas],
-        "inputs": [{"path": p, "sha256": file_tensors_sha256(p)} for p in args.task_vectors],
-        # Post-processing of releases from disjoint datasets: (max eps, max delta)-DP by parallel composition.
-        "release_epsilon": max((m["spent_epsilon"] for m in metas), key=lambda e: float(e)),
-        "release_delta": max(float(m["delta"]) for m in metas),
-    }
     try:
-        source = SafetensorsSource(args.task_vectors)
-        if missing := sorted(set(base.keys()) - set(source.keys())):
-            raise ValueError(f"{args.task_vectors[0]} lacks tensors of base {args.base}: {missing[:5]}")
-        if extra := sorted(set(source.keys()) - set(base.keys())):
-            raise ValueError(f"{args.task_vectors[0]} has tensors that base {args.base} lacks: {extra[:5]}")
-        for key in source.keys():
-            if source.shape(key) != base.shape(key):
-                raise ValueError(f"{key!r}: task vectors have shape {source.shape(key)}, "
-                                 f"base {args.base} has {base.shape(key)}")
+        source = SafetensorsSource(args.task_vectors)  # every vector has the first one's tensors...
+        check_same_structure([args.base, args.task_vectors[0]], [base.structure(), source.files[0].structure()])
         # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
         # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
         merged_model = (
             (key, base.get_tensor(key) + merged.to(base.dtype(key)))
             for key, merged in merge_stream(args.method, source, **params)
         )
+        hyper = {**OPERATORS[args.method].defaults, **params}  # merge_stream has refused unknown ones
+        meta = {
+            "artifact": "merged_model",
+            "operator": args.method,
+            "hyperparameters": hyper,
+            "backbone": metas[0]["backbone"],
+            "method": metas[0]["method"],
+            "target_epsilon": metas[0]["target_epsilon"],
+            "seed": metas[0]["seed"],
+            "pretrained_sha256": metas[0]["pretrained_sha256"],
+            "tasks": [m["task"] for m in metas],
+            "inputs": [{"path": p, "sha256": file_tensors_sha256(p)} for p in args.task_vectors],
+            # Post-processing of releases from disjoint datasets: (max eps, max delta)-DP by parallel composition.
+            "release_epsilon": max((m["spent_epsilon"] for m in metas), key=lambda e: float(e)),
+            "release_delta": max(float(m["delta"]) for m in metas),
+        }
         layout = {key: (base.dtype(key), base.shape(key)) for key in source.keys()}
         write_tensors_streaming(args.out, layout, merged_model, meta)
     except ValueError as error:

@@ -58,7 +58,7 @@ class InMemorySource(VectorSource):
             raise ValueError("merging needs at least one task vector")
         self.vectors = task_vectors
         self.names = names or [f"task vector {i}" for i in range(len(task_vectors))]
-        _check_same_structure(self.names, [_structure(v) for v in task_vectors])
+        check_same_structure(self.names, [_structure(v) for v in task_vectors])
 
     def keys(self) -> list[str]:
         return list(self.vectors[0])
@@ -81,8 +81,8 @@ class SafetensorsSource(VectorSource):
             raise ValueError("merging needs at least one task vector")
         self.names = [str(p) for p in paths]
         self.files = [LazySafetensors(p) for p in paths]
-        structures = [{k: (f.shape(k), str(f.dtype(k))) for k in f.keys()} for f in self.files]
-        _check_same_structure(self.names, structures)
+        structures = [f.structure() for f in self.files]
+        check_same_structure(self.names, structures)
         self._keys = list(structures[0])
 
     def keys(self) -> list[str]:
@@ -99,7 +99,8 @@ def _structure(vector: TaskVector) -> dict:
     return {key: (tuple(value.shape), str(value.dtype)) for key, value in vector.items()}
 
 
-def _check_same_structure(names: list[str], structures: list[dict]) -> None:
+def check_same_structure(names: list[str], structures: list[dict]) -> None:
+    """Every structure (name -> (shape, dtype)) equals the first; errors name the file and the tensor."""
     first = structures[0]
     for name, structure in zip(names[1:], structures[1:]):
         if missing := sorted(set(first) - set(structure)):
@@ -267,10 +268,18 @@ def _resolve(operator: str, hyperparameters: dict) -> tuple[Operator, dict]:
     return spec, hyper
 
 
-@torch.no_grad()
 def merge_stream(operator: str, source: VectorSource, **hyperparameters) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, merged tensor) for every parameter, reading one tensor per task at a time."""
+    """(name, merged tensor) for every parameter, reading one tensor per task at a time.
+
+    The operator and its hyperparameters are checked now (ValueError naming them); tensors are read and merged
+    as the result is iterated.
+    """
     spec, hyper = _resolve(operator, hyperparameters)
+    return _merged_tensors(spec, hyper, source)
+
+
+@torch.no_grad()
+def _merged_tensors(spec: Operator, hyper: dict, source: VectorSource):
     stats = spec.statistics(source, **hyper) if spec.statistics is not None else None
     for key in source.keys():
         yield key, spec.per_tensor(key, source.tensors(key), stats, **hyper)

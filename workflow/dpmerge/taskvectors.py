@@ -115,6 +115,10 @@ class LazySafetensors:
     def dtype(self, key: str) -> torch.dtype:
         return _DTYPES[self._entries[key]["dtype"]]
 
+    def structure(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (shape, dtype name), as merging.check_same_structure compares them."""
+        return {key: (self.shape(key), str(self.dtype(key))) for key in self.keys()}
+
     def get_tensor(self, key: str) -> torch.Tensor:
         begin, end = self._entries[key]["data_offsets"]
         buffer = bytearray(end - begin)
