@@ -46,6 +46,7 @@ for _operator, _params in config["merge"].items():
             f"allowed: {', '.join(OPERATORS[_operator].defaults) or 'none'}"
         )
 def _finetune_settings_schema():
+    """The schema of one level of finetune settings: the global finetune properties without by_method."""
     import yaml
 
     with open(os.path.join(workflow.current_basedir, "../schemas/config.schema.yaml")) as handle:
@@ -54,11 +55,14 @@ def _finetune_settings_schema():
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
+_FINETUNE_SETTINGS_SCHEMA = _finetune_settings_schema()
+
+
 def _check_finetune_overrides(where, overrides):
     import jsonschema
 
     try:
-        jsonschema.validate(overrides, _finetune_settings_schema())
+        jsonschema.validate(overrides, _FINETUNE_SETTINGS_SCHEMA)
     except jsonschema.ValidationError as error:
         field = ".".join(str(p) for p in error.absolute_path)
         _config_error(f"{where}{'.' + field if field else ''}: {error.message}")
