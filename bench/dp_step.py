@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import dpmerge  # noqa: F401
-from dpmerge.backbones import TaskModel, load_backbone
+from dpmerge.backbones import Backbone, TaskModel, load_backbone
 from dpmerge.finetune import METHODS, method_update, privatized_gradient
 from dpmerge.persample import clip_factors, make_clipper
 from dpmerge.reference_shapes import roberta_base_shaped, vit_b32_shaped
@@ -60,33 +60,34 @@ class OpacusGhostClipper:
         self.module._close()
 
 
-def embedded(kind, options, make_inputs, chosen):
+def embedded(kind, options, make_inputs):
     def build(batch_size, generator):
         backbone = load_backbone(kind, **options)
         features = backbone.trunk_features(make_inputs(batch_size, generator))
         model = TaskModel(backbone, 2)
         model.train()
-        return model, features, torch.randint(0, 2, (batch_size,), generator=generator), chosen
+        labels = torch.randint(0, 2, (batch_size,), generator=generator)
+        return model, features, labels, backbone.per_sample_strategy
 
     return build
 
 
-def reference(factory, chosen):
+def reference(factory):
     def build(batch_size, generator):
         model, make_batch = factory()
         features, labels = make_batch(batch_size, generator)
-        return model, features, labels, chosen
+        return model, features, labels, Backbone.per_sample_strategy  # what a backbone gets unless it overrides
 
     return build
 
 
 MODELS = {
     "effnet": embedded("efficientnet_lite0", dict(trainable_blocks=1),
-                       lambda b, g: torch.rand(b, 3, 64, 64, generator=g), "bookkeeping"),
+                       lambda b, g: torch.rand(b, 3, 64, 64, generator=g)),
     "minilm": embedded("minilm_l6", dict(trainable_blocks=1, max_length=32),
-                       lambda b, g: ["a sentence of moderate length for timing the private step"] * b, "bookkeeping"),
-    "vit_b32": reference(vit_b32_shaped, "bookkeeping"),
-    "roberta_base": reference(roberta_base_shaped, "bookkeeping"),
+                       lambda b, g: ["a sentence of moderate length for timing the private step"] * b),
+    "vit_b32": reference(vit_b32_shaped),
+    "roberta_base": reference(roberta_base_shaped),
 }
 
 

@@ -13,7 +13,8 @@ overridable with `finetune.per_sample_gradients`):
   ||sum_t g_t a_t^T||^2 = sum_{t,s} (a_t.a_s)(g_t.g_s) when that is cheaper than instantiating, and the clipped
   sum sum_i c_i G_i^T A_i as one matrix product. This is book-keeping (Bu et al., "Differentially private
   optimization on large model at small cost", 2023). Opacus's ghost clipping needs a second backward pass
-  instead (measured ~1.8-2x a non-private step on transformers; bench/dp_step.py). Chosen for transformers.
+  instead (measured ~1.8x a non-private step on transformers; bench/dp_step.py). The default for every
+  backbone: it was the fastest on each one measured.
   Grouped (depthwise) convolutions instantiate their small per-example gradients; layers without a rule (e.g.
   a ViT's class token) fall back to per-example gradients by vmap for that layer only.
 """
