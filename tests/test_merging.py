@@ -6,7 +6,7 @@ import torch
 from dpmerge.merging import (
     OPERATORS,
     InMemorySource,
-    _streamed_top_magnitude_threshold,
+    _ties_statistics,
     _top_magnitude_threshold,
     SafetensorsSource,
     dare,
@@ -68,7 +68,7 @@ def test_ties_disagreeing_signs_take_the_heavier_side():
 
 
 def test_registry_rejects_unknown_operator_and_hyperparameter():
-    with pytest.raises(ValueError, match="known operators: dare, task_arithmetic, ties, weight_averaging"):
+    with pytest.raises(ValueError, match="known operators: " + ", ".join(sorted(OPERATORS))):
         merge("nope", [tv(a=[1.0])])
     with pytest.raises(ValueError, match="allowed: scaling"):
         merge("task_arithmetic", [tv(a=[1.0])], density=0.1)
@@ -89,11 +89,17 @@ def test_mismatched_task_vectors_are_refused():
         weight_averaging([])
 
 
-@pytest.mark.parametrize("name", sorted(OPERATORS))
-def test_every_operator_of_identical_vectors_is_a_multiple_of_them(name):
+# PCB is elementwise too, but clamps each task's top 0.01 % of magnitudes, so it is not a multiple.
+ELEMENTWISE = ["weight_averaging", "task_arithmetic", "ties", "dare", "consensus_ta"]
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_every_elementwise_operator_of_identical_vectors_is_a_multiple_of_them(name):
     vector = {"w": torch.randn(4, 4, generator=torch.Generator().manual_seed(1))}
-    deterministic = {"drop_rate": 0.0} if name == "dare" else {}  # DARE's masks differ per task by design
-    merged = merge(name, [vector, vector, vector], **deterministic)["w"]
+    # DARE's masks differ per task by design; identical tasks are nowhere "task-specific" enough for TALL masks at lambda 0.6 (|v| > 0.6 |3v - v| never holds).
+    hyper = {"dare": {"drop_rate": 0.0}, "consensus_ta": {"tall_mask_lambda": 0.4}}
+    merged = merge(name, [vector, vector, vector], **hyper.get(name, {}))["w"]
+    assert (merged != 0).any()
     kept = merged != 0
     ratio = merged[kept] / vector["w"][kept]
     assert torch.allclose(ratio, ratio[0].expand_as(ratio))
@@ -103,7 +109,7 @@ def random_vectors(count=3, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [
         {"layer.weight": torch.randn(6, 5, generator=generator), "layer.bias": torch.randn(6, generator=generator),
-         "norm.weight": torch.randn(6, generator=generator)}
+         "norm.weight": torch.randn(6, generator=generator), "conv.weight": torch.randn(4, 3, 3, 3, generator=generator)}
         for _ in range(count)
     ]
 
@@ -111,8 +117,14 @@ def random_vectors(count=3, seed=0):
 CONFIGURATIONS = [
     ("weight_averaging", {}), ("task_arithmetic", {"scaling": 0.3}),
     ("ties", {"density": 0.2}), ("ties", {"density": 0.5, "topk_scope": "per_tensor", "merge_func": "sum"}),
-    ("dare", {"drop_rate": 0.7, "seed": 3}),
+    ("dare", {"drop_rate": 0.7, "seed": 3}), ("pcb", {}), ("pcb", {"ratio": 0.5, "scaling": 1.0}),
+    ("wudi", {"iterations": 20, "lr": 1e-3}), ("tsv_m", {}), ("iso_c", {}), ("iso_cts", {}),
+    ("iso_cts", {"common_space_fraction": 0.5}), ("consensus_ta", {}),
 ]
+
+
+def test_every_registered_operator_is_covered_by_the_streaming_test():
+    assert {name for name, _ in CONFIGURATIONS} == set(OPERATORS)
 
 
 @pytest.mark.parametrize("name,hyper", CONFIGURATIONS)
@@ -122,11 +134,12 @@ def test_streamed_merge_from_files_is_bit_identical_to_in_memory(tmp_path, name,
     for i, vector in enumerate(vectors):
         paths.append(tmp_path / f"tv{i}.safetensors")
         save_tensors(paths[-1], vector, {"task": str(i)})
-    streamed = dict(merge_stream(name, SafetensorsSource(paths), **hyper))
-    in_memory = merge(name, vectors, **hyper)
-    assert streamed.keys() == in_memory.keys()
-    for key in in_memory:
-        assert torch.equal(streamed[key], in_memory[key]), key
+    for kind in ("task", "difference"):
+        streamed = dict(merge_stream(name, SafetensorsSource(paths), kind, **hyper))
+        in_memory = merge(name, vectors, kind, **hyper)
+        assert streamed.keys() == in_memory.keys()
+        for key in in_memory:
+            assert torch.equal(streamed[key], in_memory[key]), (kind, key)
 
 
 def test_stream_reads_one_tensor_per_task_at_a_time():
@@ -197,4 +210,5 @@ def test_streamed_global_threshold_equals_kthvalue_over_the_concatenation(densit
               "c": 1e-30 * torch.randn(64, generator=generator).to(dtype)}
     flat = torch.cat([v.reshape(-1) for v in vector.values()]).to(torch.float32)
     expected = _top_magnitude_threshold(flat, density)
-    assert _streamed_top_magnitude_threshold(InMemorySource([vector]), 0, density) == expected
+    hyper = {"scaling": 1.0, "merge_func": "mean", "topk_scope": "global"}
+    assert _ties_statistics(InMemorySource([vector]), density, **hyper) == [expected]

@@ -169,43 +169,73 @@ def _ties_check(density, scaling, merge_func, topk_scope):
 
 
 def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_scope):
-    """Global top-k: each task vector's magnitude threshold over all its entries, streamed (see below)."""
+    """Global top-k: each task vector's magnitude threshold over all its entries, streamed."""
     if topk_scope != "global":
         return None
-    return [_streamed_top_magnitude_threshold(source, index, density) for index in range(len(source))]
-
-
-def _streamed_top_magnitude_threshold(source: VectorSource, index: int, density: float) -> float:
-    """Exactly _top_magnitude_threshold over the concatenation of one task vector's tensors, without building it.
-
-    Radix selection on float32 bit patterns (monotone for |v| >= 0): one pass histograms the high 16 bits and
-    finds the bucket holding the wanted order statistic, a second pass histograms the low 16 bits inside it.
-    Memory: one tensor at a time.
-    """
-    keys = source.keys()
-    numel = sum(torch.Size(source.shape(key)).numel() for key in keys)
+    numel = _numel(source)
     k = int(round(density * numel))
     if k >= numel:
-        return 0.0
+        return [0.0] * len(source)  # keep everything (|v| >= 0)
     if k <= 0:
-        return float("inf")
-    rank = numel - k + 1  # 1-based rank from the smallest, as kthvalue(numel - k + 1)
+        return [float("inf")] * len(source)  # keep nothing
+    # The same order statistic as _top_magnitude_threshold's kthvalue(numel - k + 1), 0-based.
+    magnitudes = lambda: ([t.abs() for t in source.tensors(key)] for key in source.keys())  # noqa: E731
+    return [ranked[0] for ranked in streamed_order_statistics(magnitudes, [[numel - k]] * len(source))]
 
-    def magnitude_bits(key):
-        return source.tensor(index, key).detach().abs().to(torch.float32).reshape(-1).view(torch.int32).to(torch.int64)
 
-    high = torch.zeros(1 << 16, dtype=torch.int64)
-    for key in keys:
-        high += torch.bincount(magnitude_bits(key) >> 16, minlength=1 << 16)
-    cumulative = high.cumsum(0)
-    bucket = int(torch.searchsorted(cumulative, torch.tensor(rank)))
-    rank -= int(cumulative[bucket - 1]) if bucket else 0
-    low = torch.zeros(1 << 16, dtype=torch.int64)
-    for key in keys:
-        bits = magnitude_bits(key)
-        low += torch.bincount(bits[(bits >> 16) == bucket] & 0xFFFF, minlength=1 << 16)
-    offset = int(torch.searchsorted(low.cumsum(0), torch.tensor(rank)))
-    return float(torch.tensor([(bucket << 16) | offset], dtype=torch.int32).view(torch.float32))
+def _numel(source: VectorSource) -> int:
+    return sum(torch.Size(source.shape(key)).numel() for key in source.keys())
+
+
+def _order_keys(values: torch.Tensor) -> torch.Tensor:
+    """float32 values -> int64 keys in [0, 2^32) with the same order (negative floats' bits reversed)."""
+    bits = values.detach().to(torch.float32).reshape(-1).view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, -1 - bits, bits + (1 << 31))
+
+
+def _key_value(key: int) -> float:
+    bits = key - (1 << 31) if key >= 1 << 31 else -1 - key
+    return float(torch.tensor([bits], dtype=torch.int32).view(torch.float32))
+
+
+def streamed_order_statistics(read_chunks: Callable[[], Iterator[list[torch.Tensor]]], ranks: list[list[int]]):
+    """Exact order statistics of S value sequences too large to hold, read twice in chunks.
+
+    `read_chunks()` yields, chunk after chunk, a list of S tensors (the next piece of every sequence); it is
+    called twice and must yield the same values both times. `ranks[s]` lists 0-based ranks from the smallest
+    wanted in sequence s; returns the values at those ranks, as sorting the whole sequence would give.
+
+    Radix selection on order-preserving 32-bit keys of the float32 values: the first pass histograms the high 16
+    bits and finds the bucket of every wanted rank, the second histograms the low 16 bits inside those buckets.
+    Memory: one chunk plus 2^16 counters per sequence and wanted bucket.
+    """
+    size = 1 << 16
+    high = torch.zeros(len(ranks), size, dtype=torch.int64)
+    for chunk in read_chunks():
+        for s, values in enumerate(chunk):
+            high[s] += torch.bincount(_order_keys(values) >> 16, minlength=size)
+    wanted = []  # per sequence: (bucket, rank within the bucket) per rank
+    for s, sequence_ranks in enumerate(ranks):
+        cumulative = high[s].cumsum(0)
+        total = int(cumulative[-1])
+        row = []
+        for rank in sequence_ranks:
+            if not 0 <= rank < total:
+                raise ValueError(f"rank {rank} outside a sequence of {total} values")
+            bucket = int(torch.searchsorted(cumulative, torch.tensor(rank + 1)))
+            row.append((bucket, rank - (int(cumulative[bucket - 1]) if bucket else 0)))
+        wanted.append(row)
+    low = {(s, bucket): torch.zeros(size, dtype=torch.int64) for s, row in enumerate(wanted) for bucket, _ in row}
+    for chunk in read_chunks():
+        for s, values in enumerate(chunk):
+            keys = _order_keys(values)
+            for bucket in {b for b, _ in wanted[s]}:
+                low[s, bucket] += torch.bincount(keys[(keys >> 16) == bucket] & 0xFFFF, minlength=size)
+    return [
+        [_key_value((bucket << 16) | int(torch.searchsorted(low[s, bucket].cumsum(0), torch.tensor(rank + 1))))
+         for bucket, rank in row]
+        for s, row in enumerate(wanted)
+    ]
 
 
 def _ties_tensor(key, tensors, thresholds, density, scaling, merge_func, topk_scope):
@@ -235,6 +265,239 @@ def _dare_tensor(key, tensors, stats, drop_rate, scaling, seed):
     return scaling * torch.stack(kept).sum(0)
 
 
+# Matrix-shaped operators (WUDI, TSV-M, Iso-C, Iso-CTS) act on each linear layer's weight matrix. Their reference
+# code treats exactly the 2-D tensors so; with include_conv, a convolution weight (out, in, kh, kw) is treated as
+# the linear map (out, in*kh*kw) it applies to unfolded patches, which is what it is. Every other tensor
+# (biases, norms, 1-D parameters) is averaged, as in the reference code.
+
+
+def _matrix_view(tensor: torch.Tensor, include_conv: bool) -> torch.Tensor | None:
+    if tensor.ndim == 2:
+        return tensor
+    if include_conv and tensor.ndim == 4:
+        return tensor.reshape(tensor.shape[0], -1)
+    return None
+
+
+def _include_conv_check(include_conv):
+    if not isinstance(include_conv, bool):
+        raise ValueError(f"include_conv must be true or false, got {include_conv!r}")
+
+
+def _mean_of(tensors):
+    return torch.stack(tensors).mean(0)
+
+
+# ---- PCB-merging
+
+
+_PCB_OUTLIER_FRACTION = 1e-4  # the reference code clamps |tau| to its [1e-4, 1 - 1e-4] quantiles per task
+
+
+def _pcb_check(ratio, scaling):
+    if not 0 < ratio <= 1:
+        raise ValueError(f"pcb ratio must be in (0, 1], got {ratio}")
+
+
+def _per_task(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    """Per-task scalars shaped to broadcast over a (T, *shape) stack."""
+    return torch.tensor(values, dtype=like.dtype).reshape(-1, *([1] * (like.ndim - 1)))
+
+
+def _pcb_balance(stacked: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
+    """Clamped task vectors and their balance scores: intra-balance exp(T * normalised |tau|^2) times
+    inter-balance tanh(tau_i * sum_j tau_j), as PCB_merge of the reference code."""
+    magnitude = stacked.abs().clamp(low, high)
+    clamped = torch.sign(stacked) * magnitude
+    intra = torch.exp(stacked.shape[0] * _normalised(magnitude, low, high) ** 2)
+    inter = torch.tanh(stacked * stacked.sum(0))
+    return clamped, intra * inter
+
+
+def _normalised(values, low, high):
+    """(v - min) / (max - min) per task; 0 where a task's values are all equal (the reference divides by 0)."""
+    span = high - low
+    return torch.where(span > 0, (values - low) / torch.where(span > 0, span, torch.ones_like(span)), 0.0)
+
+
+def _pcb_statistics(source: VectorSource, ratio, scaling):
+    """Per task: the clamp bounds of |tau| and of the balance scores, each an exact quantile over the whole
+    flattened task vector (as the reference sorts it), computed by streamed radix selection."""
+    numel = _numel(source)
+    magnitude_ranks = [int(numel * _PCB_OUTLIER_FRACTION), int(numel * (1 - _PCB_OUTLIER_FRACTION) - 1)]
+    magnitudes = lambda: ([t.abs() for t in source.tensors(key)] for key in source.keys())  # noqa: E731
+    bounds = streamed_order_statistics(magnitudes, [magnitude_ranks] * len(source))
+    low = [b[0] for b in bounds]
+    high = [b[1] for b in bounds]
+
+    def balance_scores():
+        for key in source.keys():
+            stacked = torch.stack(source.tensors(key))
+            yield list(_pcb_balance(stacked, _per_task(low, stacked), _per_task(high, stacked))[1])
+
+    score_ranks = [int(numel * (1 - ratio)), numel - 1]
+    score_bounds = streamed_order_statistics(balance_scores, [score_ranks] * len(source))
+    return low, high, [b[0] for b in score_bounds], [b[1] for b in score_bounds]
+
+
+def _pcb_tensor(key, tensors, stats, ratio, scaling):
+    low, high, score_low, score_high = stats
+    stacked = torch.stack(tensors)
+    clamped, scores = _pcb_balance(stacked, _per_task(low, stacked), _per_task(high, stacked))
+    score_low, score_high = _per_task(score_low, stacked), _per_task(score_high, stacked)
+    weights = _normalised(scores.clamp(score_low, score_high), score_low, score_high)
+    merged = (clamped * weights).sum(0) / weights.sum(0).clamp(min=1e-12)
+    return scaling * merged
+
+
+# ---- WUDI-merging
+
+
+def _wudi_check(iterations, lr, scaling, include_conv):
+    if not isinstance(iterations, int) or iterations < 0:
+        raise ValueError(f"wudi iterations must be a non-negative integer, got {iterations!r}")
+    if not lr > 0:
+        raise ValueError(f"wudi lr must be positive, got {lr}")
+    _include_conv_check(include_conv)
+
+
+def wudi_solve(matrices: list[torch.Tensor], iterations: int = 300, lr: float = 1e-5):
+    """min_tau sum_i ||(tau - tau_i) tau_i^T||_F^2 / ||tau_i||_F^2 by Adam from tau = sum_i tau_i.
+
+    Returns (tau, losses) with the loss before every step and after the last. The gradient is computed in
+    closed form, 2 (tau A - B) with A = sum_i tau_i^T tau_i / ||tau_i||^2 and B = sum_i tau_i tau_i^T tau_i /
+    ||tau_i||^2 formed once, so a step costs one (out x in) @ (in x in) product instead of T (out x in x out)
+    products and their backward; the iterates equal autograd's on the same loss up to rounding (tested).
+    A task vector with zero norm contributes no term (the reference would divide by zero).
+    """
+    stacked = torch.stack(matrices)
+    norms = stacked.reshape(len(matrices), -1).pow(2).sum(1)
+    gram_weight = torch.where(norms > 0, 1 / torch.where(norms > 0, norms, torch.ones_like(norms)), 0.0)
+    grams = stacked.transpose(1, 2) @ stacked  # (T, in, in)
+    a = (grams * gram_weight[:, None, None]).sum(0)
+    b = ((stacked @ grams) * gram_weight[:, None, None]).sum(0)
+    constant = ((stacked @ grams) * stacked).sum((1, 2)) @ gram_weight
+    tau = torch.nn.Parameter(stacked.sum(0))
+    optimizer = torch.optim.Adam([tau], lr=lr, weight_decay=0)
+    losses = []
+    with torch.no_grad():
+        for _ in range(iterations + 1):
+            tau_a = tau @ a
+            losses.append(float((tau_a * tau).sum() - 2 * (tau * b).sum() + constant))
+            if len(losses) > iterations:
+                break
+            tau.grad = 2 * (tau_a - b)
+            optimizer.step()
+    return tau.detach(), losses
+
+
+def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
+    matrices = [_matrix_view(t, include_conv) for t in tensors]
+    if matrices[0] is None:
+        return scaling * _mean_of(tensors)
+    merged, _ = wudi_solve([m.float() for m in matrices], iterations, lr)
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+# ---- Task singular vectors (TSV-M) and isotropic merging (Iso-C, Iso-CTS)
+
+
+def _svd_check(scaling, include_conv, **_):
+    _include_conv_check(include_conv)
+
+
+def _polar(matrix: torch.Tensor) -> torch.Tensor:
+    """The orthogonal factor U V^T of matrix = U S V^T (closest matrix with orthonormal columns/rows)."""
+    u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+    return u @ vh
+
+
+def _tsvm_tensor(key, tensors, stats, scaling, include_conv):
+    matrices = [_matrix_view(t, include_conv) for t in tensors]
+    count = len(tensors)
+    rank = min(matrices[0].shape) // count if matrices[0] is not None else 0
+    if rank == 0:  # not a matrix, or fewer singular directions than tasks: averaged
+        return scaling * _mean_of(tensors)
+    out_dim, in_dim = matrices[0].shape
+    width = min(out_dim, in_dim)
+    u_all = torch.zeros(out_dim, width)
+    s_all = torch.zeros(width)
+    vh_all = torch.zeros(width, in_dim)
+    for i, matrix in enumerate(matrices):
+        u, s, vh = torch.linalg.svd(matrix.float(), full_matrices=False)
+        u_all[:, i * rank:(i + 1) * rank] = u[:, :rank]
+        s_all[i * rank:(i + 1) * rank] = s[:rank]
+        vh_all[i * rank:(i + 1) * rank] = vh[:rank]
+    merged = _polar(u_all) @ torch.diag(s_all) @ _polar(vh_all)
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+def _iso_c_tensor(key, tensors, stats, scaling, include_conv):
+    summed = _matrix_view(torch.stack(tensors).sum(0), include_conv)
+    if summed is None:
+        return scaling * _mean_of(tensors)
+    u, s, vh = torch.linalg.svd(summed.float(), full_matrices=False)
+    merged = s.mean() * (u @ vh)  # the spectrum flattened to its mean: every direction equally scaled
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+def _iso_cts_check(scaling, common_space_fraction, include_conv):
+    if not 0 <= common_space_fraction <= 1:
+        raise ValueError(f"iso_cts common_space_fraction must be in [0, 1], got {common_space_fraction}")
+    _include_conv_check(include_conv)
+
+
+def _iso_cts_tensor(key, tensors, stats, scaling, common_space_fraction, include_conv):
+    matrices = [_matrix_view(t, include_conv) for t in tensors]
+    if matrices[0] is None:
+        return scaling * _mean_of(tensors)
+    matrices = [m.float() for m in matrices]
+    count = len(matrices)
+    width = min(matrices[0].shape)
+    # Common subspace from the sum's top directions; the rest split equally between tasks (reference sizing).
+    common = int(width * common_space_fraction)
+    common = width - round((width - common) / count) * count
+    per_task = (width - common) // count
+    u, s, vh = torch.linalg.svd(torch.stack(matrices).sum(0), full_matrices=False)
+    u_common, s_common, vh_common = u[:, :common], s[:common], vh[:common]
+    u_all, s_all, vh_all = torch.zeros_like(u), torch.zeros_like(s), torch.zeros_like(vh)
+    for i, matrix in enumerate(matrices):
+        specific = matrix - u_common @ (u_common.T @ matrix)  # task's part outside the common subspace
+        u_t, s_t, vh_t = torch.linalg.svd(specific, full_matrices=False)
+        u_all[:, i * per_task:(i + 1) * per_task] = u_t[:, :per_task]
+        s_all[i * per_task:(i + 1) * per_task] = s_t[:per_task]
+        vh_all[i * per_task:(i + 1) * per_task] = vh_t[:per_task]
+    start = count * per_task
+    u_all[:, start:start + common] = u_common
+    s_all[start:start + common] = s_common
+    vh_all[start:start + common] = vh_common
+    merged = s_all.mean() * (_polar(u_all) @ _polar(vh_all))
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+# ---- Consensus task arithmetic (TALL masks)
+
+
+def _consensus_check(scaling, tall_mask_lambda, min_agreement):
+    if not tall_mask_lambda >= 0:
+        raise ValueError(f"consensus tall_mask_lambda must be >= 0, got {tall_mask_lambda}")
+    if not isinstance(min_agreement, int) or min_agreement < 0:
+        raise ValueError(f"consensus min_agreement must be a non-negative integer, got {min_agreement!r}")
+
+
+def tall_masks(tensors: list[torch.Tensor], tall_mask_lambda: float) -> torch.Tensor:
+    """TALL masks (Wang et al., 2024): entry j matters to task t if |tau_t| > lambda |tau_MTL - tau_t|, with
+    tau_MTL = sum_t tau_t, i.e. the task's own update outweighs what the multi-task vector adds on top of it."""
+    stacked = torch.stack(tensors)
+    return stacked.abs() > tall_mask_lambda * (stacked.sum(0) - stacked).abs()
+
+
+def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreement):
+    summed = torch.stack(tensors).sum(0)
+    consensus = tall_masks(tensors, tall_mask_lambda).sum(0) >= min_agreement
+    return scaling * torch.where(consensus, summed, torch.zeros_like(summed))
+
+
 OPERATORS: dict[str, Operator] = {
     "weight_averaging": Operator(_weight_averaging_tensor, {}, "Wortsman et al., ICML 2022"),
     "task_arithmetic": Operator(_task_arithmetic_tensor, {"scaling": 0.3}, "Ilharco et al., ICLR 2023"),
@@ -250,6 +513,43 @@ OPERATORS: dict[str, Operator] = {
         {"drop_rate": 0.5, "scaling": 0.3, "seed": 0},
         "Yu et al., ICML 2024 (DARE + task arithmetic)",
         check=_dare_check,
+    ),
+    "pcb": Operator(
+        _pcb_tensor,
+        {"ratio": 0.05, "scaling": 1.2},
+        "Du et al., NeurIPS 2024 (PCB-merging, without the evolutionary search of the coefficients)",
+        statistics=_pcb_statistics,
+        check=_pcb_check,
+    ),
+    "wudi": Operator(
+        _wudi_tensor,
+        {"iterations": 300, "lr": 1e-5, "scaling": 1.0, "include_conv": True},
+        "Cheng et al., ICML 2025 (WUDI-merging)",
+        check=_wudi_check,
+    ),
+    "tsv_m": Operator(
+        _tsvm_tensor,
+        {"scaling": 1.0, "include_conv": True},
+        "Gargiulo et al., CVPR 2025 (Task Singular Vectors, TSV-Merge)",
+        check=_svd_check,
+    ),
+    "iso_c": Operator(
+        _iso_c_tensor,
+        {"scaling": 1.0, "include_conv": True},
+        "Marczak et al., ICML 2025 (Iso-C, isotropic merging in the common subspace)",
+        check=_svd_check,
+    ),
+    "iso_cts": Operator(
+        _iso_cts_tensor,
+        {"scaling": 1.0, "common_space_fraction": 0.8, "include_conv": True},
+        "Marczak et al., ICML 2025 (Iso-CTS, common and task-specific subspaces)",
+        check=_iso_cts_check,
+    ),
+    "consensus_ta": Operator(
+        _consensus_tensor,
+        {"scaling": 0.3, "tall_mask_lambda": 0.6, "min_agreement": 2},
+        "Wang et al., ICML 2024 (TALL masks, Consensus task arithmetic)",
+        check=_consensus_check,
     ),
 }
 
@@ -268,13 +568,58 @@ def _resolve(operator: str, hyperparameters: dict) -> tuple[Operator, dict]:
     return spec, hyper
 
 
-def merge_stream(operator: str, source: VectorSource, **hyperparameters) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, merged tensor) for every parameter, reading one tensor per task at a time.
+VECTOR_KINDS = ("task", "difference")
+
+
+class DifferenceSource(VectorSource):
+    """Difference vectors d_t = theta_t - theta_avg = tau_t - mean_j tau_j (paper-dts-personalized-merging.md,
+    "difference vector"): the task-specific residuals around the weight average instead of around w0. Reads
+    all T tensors of a name once and keeps only that name's differences."""
+
+    def __init__(self, source: VectorSource):
+        self.source = source
+        self.names = [f"{name} (difference vector)" for name in source.names]
+        self._key = None
+
+    def keys(self) -> list[str]:
+        return self.source.keys()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.source.shape(key)
+
+    def mean(self, key: str) -> torch.Tensor:
+        self._load(key)
+        return self._mean
+
+    def tensor(self, index: int, key: str) -> torch.Tensor:
+        self._load(key)
+        return self._differences[index]
+
+    def _load(self, key):
+        if key != self._key:
+            tensors = self.source.tensors(key)
+            self._mean = torch.stack(tensors).mean(0)
+            self._differences = [t - self._mean for t in tensors]
+            self._key = key
+
+
+def merge_stream(
+    operator: str, source: VectorSource, vectors: str = "task", **hyperparameters
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, merged task vector tensor) for every parameter, reading one tensor per task at a time.
+
+    vectors="task" merges the task vectors tau_t = theta_t - w0. vectors="difference" merges the difference
+    vectors d_t = tau_t - mean_j tau_j instead and returns mean_j tau_j + merged(d), i.e. the merged model
+    theta_avg + merged(d), still expressed relative to w0.
 
     The operator and its hyperparameters are checked now (ValueError naming them); tensors are read and merged
     as the result is iterated.
     """
     spec, hyper = _resolve(operator, hyperparameters)
+    if vectors not in VECTOR_KINDS:
+        raise ValueError(f"vectors must be one of {', '.join(VECTOR_KINDS)}, got {vectors!r}")
+    if vectors == "difference":
+        return _merged_differences(spec, hyper, DifferenceSource(source))
     return _merged_tensors(spec, hyper, source)
 
 
@@ -285,9 +630,14 @@ def _merged_tensors(spec: Operator, hyper: dict, source: VectorSource):
         yield key, spec.per_tensor(key, source.tensors(key), stats, **hyper)
 
 
-def merge(operator: str, task_vectors: list[TaskVector], **hyperparameters) -> TaskVector:
+def _merged_differences(spec: Operator, hyper: dict, source: DifferenceSource):
+    for key, merged in _merged_tensors(spec, hyper, source):
+        yield key, source.mean(key) + merged
+
+
+def merge(operator: str, task_vectors: list[TaskVector], vectors: str = "task", **hyperparameters) -> TaskVector:
     """Merge in-memory task vectors with a registered operator (the same computation as `merge_stream`)."""
-    return dict(merge_stream(operator, InMemorySource(task_vectors), **hyperparameters))
+    return dict(merge_stream(operator, InMemorySource(task_vectors), vectors, **hyperparameters))
 
 
 # Pure functions by operator name, for use from Python.
@@ -336,3 +686,73 @@ def dare(task_vectors, drop_rate=0.5, scaling=0.3, seed=0) -> TaskVector:
         seed: seed of the drop masks.
     """
     return merge("dare", task_vectors, drop_rate=drop_rate, scaling=scaling, seed=seed)
+
+
+def pcb(task_vectors, ratio=0.05, scaling=1.2) -> TaskVector:
+    """PCB-merging (Du et al., 2024, "Parameter Competition Balancing"), as PCB_merge in its reference code.
+
+    Over each task vector flattened whole: clamp |tau| to its [1e-4, 1 - 1e-4] quantiles; score every entry by
+    intra-balance exp(T * norm(|tau|)^2) (its importance within the task) times inter-balance
+    tanh(tau_i * sum_j tau_j) (its agreement with the other tasks); keep the top `ratio` fraction of scores
+    per task (clamp below at the (1 - ratio) quantile) and min-max normalise them into weights; merge as the
+    weighted mean sum_i w_i tau_i / sum_i w_i, times `scaling`. Quantiles are exact, streamed.
+
+    Args:
+        ratio: fraction of entries per task that keep a non-zero weight (reference script: 0.05).
+        scaling: lambda (reference script: 1.2 for every task before its optional evolutionary search of
+            per-task coefficients on validation data, which a data-free merge cannot do).
+    """
+    return merge("pcb", task_vectors, ratio=ratio, scaling=scaling)
+
+
+def wudi(task_vectors, iterations=300, lr=1e-5, scaling=1.0, include_conv=True) -> TaskVector:
+    """WUDI-merging (Cheng et al., 2025, "Whoever Started the Interference Should End It").
+
+    Per weight matrix, tau minimises sum_i ||(tau - tau_i) tau_i^T||_F^2 / ||tau_i||_F^2 (interference on the
+    inputs spanned by each task's own update) by Adam from tau = sum_i tau_i; other tensors are averaged.
+    Deterministic: no random component (start point and steps are fixed by the inputs).
+
+    Args:
+        iterations, lr: Adam steps and learning rate (reference code: 300, 1e-5).
+        scaling: applied to the merged vector (reference: 1).
+        include_conv: also treat convolution weights as (out, in*kh*kw) matrices (the reference has 2-D only).
+    """
+    return merge("wudi", task_vectors, iterations=iterations, lr=lr, scaling=scaling, include_conv=include_conv)
+
+
+def tsv_m(task_vectors, scaling=1.0, include_conv=True) -> TaskVector:
+    """TSV-Merge (Gargiulo et al., 2025, "Task Singular Vectors"): per weight matrix keep each task's top
+    min(out, in) / T singular triplets, concatenate them, orthogonalise the left and right singular vectors
+    (polar factor, removing inter-task interference) and recombine; other tensors averaged; times `scaling`
+    (alpha, reference 1)."""
+    return merge("tsv_m", task_vectors, scaling=scaling, include_conv=include_conv)
+
+
+def iso_c(task_vectors, scaling=1.0, include_conv=True) -> TaskVector:
+    """Iso-C (Marczak et al., 2025, "No Task Left Behind"): per weight matrix, the SVD of sum_t tau_t with every
+    singular value replaced by their mean (an isotropic spectrum); other tensors averaged; times `scaling`
+    (alpha; FusionBench default 1, the paper tunes it on validation data)."""
+    return merge("iso_c", task_vectors, scaling=scaling, include_conv=include_conv)
+
+
+def iso_cts(task_vectors, scaling=1.0, common_space_fraction=0.8, include_conv=True) -> TaskVector:
+    """Iso-CTS (Marczak et al., 2025): like Iso-C, but only `common_space_fraction` of the directions come from
+    the sum's top singular vectors; the rest are split equally between tasks, each filled with that task's top
+    directions outside the common subspace; then orthogonalised and given an isotropic spectrum."""
+    return merge("iso_cts", task_vectors, scaling=scaling, common_space_fraction=common_space_fraction,
+                 include_conv=include_conv)
+
+
+def consensus_ta(task_vectors, scaling=0.3, tall_mask_lambda=0.6, min_agreement=2) -> TaskVector:
+    """Consensus task arithmetic (Wang et al., 2024, "Localizing Task Information for Improved Model Merging
+    and Compression"): task arithmetic restricted to the entries that at least `min_agreement` tasks' TALL masks
+    select (k = 2 in the paper), removing "selfish" (one task) and "catastrophic" (no task) weights.
+
+    Args:
+        scaling: task arithmetic's lambda (0.3 as task_arithmetic).
+        tall_mask_lambda: the TALL mask threshold (the paper picks it per task on validation data from
+            {0.2, ..., 0.6}; data-free, one value for all, FusionBench's TALL default 0.6).
+        min_agreement: k.
+    """
+    return merge("consensus_ta", task_vectors, scaling=scaling, tall_mask_lambda=tall_mask_lambda,
+                 min_agreement=min_agreement)

@@ -1,0 +1,222 @@
+"""The operators beyond averaging and TIES against hand-computable cases, their reference formulas and their
+defining properties; the streamed order statistics they rely on against sorting."""
+
+import pytest
+import torch
+
+from dpmerge.merging import (
+    OPERATORS,
+    consensus_ta,
+    iso_c,
+    iso_cts,
+    merge,
+    pcb,
+    streamed_order_statistics,
+    task_arithmetic,
+    tsv_m,
+    weight_averaging,
+    wudi,
+    wudi_solve,
+)
+
+
+def randn(*shape, seed=0, scale=1.0):
+    return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_streamed_order_statistics_equal_sorting_signed_values_with_ties(dtype):
+    chunks = [
+        [randn(300, seed=1).to(dtype), torch.tensor([0.0, -0.0, 1.0, -1.0, 1.0, 3e-39, -3e-39], dtype=dtype)],
+        [torch.randint(-3, 4, (500,), generator=torch.Generator().manual_seed(2)).to(dtype), -randn(40, seed=3).to(dtype)],
+        [1e-30 * randn(64, seed=4).to(dtype), torch.full((5,), -7.5, dtype=dtype)],
+    ]
+    sequences = [torch.cat([c[s].reshape(-1) for c in chunks]).to(torch.float32) for s in range(2)]
+    ranks = [[0, 1, 17, 431, 863], [0, 3, 20, 50, 51]]
+    got = streamed_order_statistics(lambda: iter(chunks), ranks)
+    for s, sequence in enumerate(sequences):
+        ordered = sequence.sort().values
+        assert got[s] == [float(ordered[r]) for r in ranks[s]]
+    with pytest.raises(ValueError, match="rank 52 outside a sequence of 52 values"):
+        streamed_order_statistics(lambda: iter(chunks), [[0], [52]])
+
+
+# ---- PCB
+
+
+def pcb_reference(vectors, ratio, scaling):
+    """PCB_merge of the reference code on the flattened task vectors (sorting whole vectors)."""
+    flat = torch.stack([torch.cat([v.reshape(-1) for v in vector.values()]) for vector in vectors])
+    n, d = flat.shape
+
+    def clamp(x, min_ratio, max_ratio):
+        ordered = torch.sort(x, dim=1).values
+        return torch.clamp(x, ordered[:, int(d * min_ratio)].unsqueeze(1), ordered[:, int(d * (1 - max_ratio) - 1)].unsqueeze(1))
+
+    def normalize(x):
+        low, high = x.min(1, keepdim=True).values, x.max(1, keepdim=True).values
+        return (x - low) / (high - low)
+
+    magnitude = clamp(flat.abs(), 1e-4, 1e-4)
+    clamped = torch.sign(flat) * magnitude
+    score = torch.exp(n * normalize(magnitude) ** 2) * torch.tanh(flat * flat.sum(0))
+    weight = normalize(clamp(score, 1 - ratio, 0))
+    merged = scaling * (clamped * weight).sum(0) / weight.sum(0).clamp(min=1e-12)
+    out, offset = {}, 0
+    for key, value in vectors[0].items():
+        out[key] = merged[offset:offset + value.numel()].reshape(value.shape)
+        offset += value.numel()
+    return out
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.1, 0.5])
+def test_pcb_equals_the_reference_formula_on_the_flattened_vectors(ratio):
+    vectors = [{"a": randn(40, 30, seed=s), "b": randn(500, seed=10 + s, scale=0.1), "c": randn(3, seed=20 + s)}
+               for s in range(4)]
+    merged = pcb(vectors, ratio=ratio, scaling=1.2)
+    expected = pcb_reference(vectors, ratio, 1.2)
+    for key in expected:
+        assert torch.allclose(merged[key], expected[key], rtol=1e-5, atol=1e-7), key
+
+
+def test_pcb_weights_only_the_top_ratio_of_balance_scores():
+    vectors = [{"w": randn(1000, seed=s)} for s in range(3)]
+    merged = pcb(vectors, ratio=0.1)["w"]
+    # An entry keeps a non-zero weight in at most 10 % of positions per task: at most 30 % are non-zero.
+    assert 0.1 <= (merged != 0).float().mean() <= 0.3
+
+
+# ---- WUDI
+
+
+def wudi_reference(matrices, iterations, lr):
+    """The reference loop: autograd through the loss, Adam from the sum."""
+    stacked = torch.stack(matrices)
+    tau = torch.nn.Parameter(stacked.sum(0))
+    optimizer = torch.optim.Adam([tau], lr=lr, weight_decay=0)
+    norms = stacked.reshape(len(matrices), -1).norm(dim=-1).square()
+    for _ in range(iterations):
+        product = (tau.unsqueeze(0) - stacked) @ stacked.transpose(1, 2)
+        loss = (product.square() / norms[:, None, None]).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return tau.detach()
+
+
+def test_wudi_closed_form_steps_equal_autograd_on_the_loss():
+    matrices = [randn(7, 5, seed=s, scale=0.01) for s in range(3)]
+    merged, _ = wudi_solve(matrices, iterations=50, lr=1e-4)
+    assert torch.allclose(merged, wudi_reference(matrices, 50, 1e-4), rtol=1e-4, atol=1e-7)
+
+
+def test_wudi_loss_starts_at_the_sum_and_decreases():
+    matrices = [randn(12, 9, seed=s) for s in range(4)]
+    _, losses = wudi_solve(matrices, iterations=200, lr=1e-2)
+    stacked = torch.stack(matrices)
+    start = sum(((stacked.sum(0) - m) @ m.T).square().sum() / m.square().sum() for m in matrices)
+    assert losses[0] == pytest.approx(float(start), rel=1e-4)
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(later <= earlier * (1 + 1e-6) for earlier, later in zip(losses[:20], losses[1:21]))
+
+
+def test_wudi_averages_non_matrices_is_deterministic_and_starts_from_the_sum():
+    vectors = [{"w": randn(6, 4, seed=s), "b": randn(6, seed=10 + s), "conv": randn(3, 2, 2, 2, seed=20 + s)}
+               for s in range(3)]
+    merged = wudi(vectors)
+    assert torch.equal(merged["b"], weight_averaging(vectors)["b"])
+    assert torch.equal(merged["w"], wudi(vectors)["w"])
+    unmoved = wudi(vectors, iterations=0)
+    for key in ("w", "conv"):
+        assert torch.equal(unmoved[key], task_arithmetic(vectors, scaling=1.0)[key])
+    assert torch.equal(wudi(vectors, include_conv=False)["conv"], weight_averaging(vectors)["conv"])
+
+
+# ---- TSV-M, Iso-C, Iso-CTS
+
+
+def test_tsv_m_keeps_low_rank_tasks_in_orthogonal_subspaces_exactly():
+    eye = torch.eye(6)
+    # Each task has rank 3 = min(6, 6) / 2 tasks, in row and column spaces orthogonal to the other's.
+    first = 3.0 * torch.outer(eye[0], eye[1]) + 1.0 * torch.outer(eye[2], eye[3]) + 2.0 * torch.outer(eye[1], eye[0])
+    second = 2.0 * torch.outer(eye[4], eye[5]) - 0.5 * torch.outer(eye[3], eye[2]) + 1.5 * torch.outer(eye[5], eye[4])
+    merged = tsv_m([{"w": first}, {"w": second}])["w"]
+    assert torch.allclose(merged, first + second, atol=1e-6)
+
+
+def test_tsv_m_truncates_each_task_to_its_share_of_the_rank():
+    vectors = [{"w": randn(8, 8, seed=s)} for s in range(4)]  # rank 8, four tasks: two directions each
+    merged = tsv_m(vectors)["w"]
+    assert int(torch.linalg.matrix_rank(merged)) == 8
+    singular = torch.linalg.svdvals(merged).sort().values
+    kept = torch.cat([torch.linalg.svdvals(v["w"])[:2] for v in vectors]).sort().values
+    assert torch.allclose(singular, kept, rtol=1e-4)  # orthogonalised: the kept singular values survive
+
+
+def test_iso_c_by_hand_and_flat_spectrum():
+    assert torch.allclose(iso_c([{"w": torch.diag(torch.tensor([3.0, 1.0]))}])["w"], 2.0 * torch.eye(2))
+    vectors = [{"w": randn(9, 5, seed=s), "b": randn(9, seed=s)} for s in range(3)]
+    merged = iso_c(vectors, scaling=1.5)
+    summed = sum(v["w"] for v in vectors)
+    singular = torch.linalg.svdvals(merged["w"])
+    assert torch.allclose(singular, torch.full((5,), 1.5 * float(torch.linalg.svdvals(summed).mean())), rtol=1e-5)
+    assert torch.allclose(merged["b"], 1.5 * weight_averaging(vectors)["b"])
+
+
+def test_iso_cts_with_only_common_space_is_iso_c():
+    vectors = [{"w": randn(9, 6, seed=s)} for s in range(3)]
+    assert torch.allclose(iso_cts(vectors, common_space_fraction=1.0)["w"], iso_c(vectors)["w"], atol=1e-6)
+    merged = iso_cts(vectors)["w"]
+    singular = torch.linalg.svdvals(merged)
+    assert torch.allclose(singular, singular.mean().expand_as(singular), rtol=1e-4)  # isotropic, full rank
+
+
+# ---- Consensus TA
+
+
+def test_consensus_task_arithmetic_by_hand():
+    vectors = [{"w": torch.tensor([1.0, 0.0, 2.0, 0.1])},
+               {"w": torch.tensor([1.0, 3.0, -2.0, 0.0])},
+               {"w": torch.tensor([1.0, 0.0, 0.0, 0.0])}]
+    # sum = [3, 3, 0, 0.1]; task t selects j where |tau_t| > 0.5 |sum - tau_t|:
+    # task 0: [1 > 1, 0 > 1.5, 2 > 1, 0.1 > 0] = [F, F, T, T]; task 1: [F, T, T, F]; task 2: [F, F, F, F]
+    # -> agreement [0, 1, 2, 1]; k = 2 keeps only entry 2, whose sum is 0.
+    merged = consensus_ta(vectors, scaling=1.0, tall_mask_lambda=0.5, min_agreement=2)["w"]
+    assert torch.equal(merged, torch.tensor([0.0, 0.0, 0.0, 0.0]))
+    merged = consensus_ta(vectors, scaling=1.0, tall_mask_lambda=0.5, min_agreement=1)["w"]
+    assert torch.equal(merged, torch.tensor([0.0, 3.0, 0.0, 0.1]))
+    assert torch.equal(consensus_ta(vectors, scaling=0.3, min_agreement=0)["w"], task_arithmetic(vectors)["w"])
+
+
+# ---- difference vectors
+
+
+def test_difference_vectors_of_averaging_and_task_arithmetic_are_the_average():
+    vectors = [{"w": randn(5, 4, seed=s), "b": randn(5, seed=s)} for s in range(3)]
+    average = weight_averaging(vectors)
+    for name in ("weight_averaging", "task_arithmetic"):
+        merged = merge(name, vectors, "difference")
+        for key in average:
+            assert torch.allclose(merged[key], average[key], atol=1e-6), (name, key)
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_difference_vectors_of_identical_tasks_return_that_task(name):
+    vector = {"w": randn(5, 4, seed=1), "b": randn(5, seed=2)}
+    merged = merge(name, [vector, vector, vector], "difference")
+    for key in vector:
+        assert torch.allclose(merged[key], vector[key], atol=1e-6), key
+
+
+def test_unknown_vector_kind_and_bad_hyperparameters_are_named():
+    vectors = [{"w": randn(2, 2)}]
+    with pytest.raises(ValueError, match="vectors must be one of task, difference, got 'deltas'"):
+        merge("ties", vectors, "deltas")
+    with pytest.raises(ValueError, match=r"pcb ratio must be in \(0, 1\], got 0"):
+        pcb(vectors, ratio=0)
+    with pytest.raises(ValueError, match="wudi iterations must be a non-negative integer"):
+        wudi(vectors, iterations=2.5)
+    with pytest.raises(ValueError, match="iso_cts common_space_fraction"):
+        iso_cts(vectors, common_space_fraction=2)
+    with pytest.raises(ValueError, match="include_conv must be true or false"):
+        tsv_m(vectors, include_conv="yes")
