@@ -58,6 +58,19 @@ def test_merge_command_writes_w0_plus_merged_vector_with_provenance(released):
     assert meta["operator"] == "task_arithmetic" and meta["hyperparameters"] == {"scaling": 0.5}
     assert meta["tasks"] == ["task0", "task1"] and len(meta["inputs"]) == 2
     assert meta["release_epsilon"] == 3.9
+    assert meta["merge_name"] == "task_arithmetic" and meta["vectors"] == "task"
+
+
+def test_merge_command_merges_difference_vectors_around_the_average(released):
+    folder, base, vectors, paths = released
+    out = folder / "merged.safetensors"
+    main(["merge", "--method", "task_arithmetic", "--vectors", "difference", "--base", str(folder / "w0.safetensors"),
+          "-o", str(out), *paths])
+    merged, meta = load_tensors(out)
+    average = {k: (vectors[0][k] + vectors[1][k]) / 2 for k in base}
+    for key in base:  # sum_t d_t = 0, so task arithmetic of the differences is the weight average
+        assert torch.allclose(merged[key], base[key] + average[key])
+    assert meta["merge_name"] == "task_arithmetic_difference" and meta["vectors"] == "difference"
 
 
 def test_merge_refuses_a_vector_without_privacy_record(released):

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from dpmerge.merging import OPERATORS
 from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,11 @@ def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished
     [
         (lambda c: c.update(epsilons=[-1]), "epsilons"),
         (lambda c: c["backbones"]["effnet"].update(tasks=["digits", "cifar"]), "unknown task 'cifar'; known tasks: bbc_next_sentence"),
-        (lambda c: c["merge"].update(fisher={}), "fisher"),
+        (lambda c: c["merge"].update(fisher={}), "merge.fisher: no operator named 'fisher'; give `operator:` one of"),
+        (lambda c: c["merge"].update(ties={"densty": 0.2}),
+         "merge.ties: unknown hyperparameter(s) ['densty'] for operator 'ties'; allowed: density"),
+        (lambda c: c["merge"].update(ties_dv={"operator": "ties", "vectors": "deltas"}), "deltas"),
+        (lambda c: c["merge"].update(Bad={}), "Bad"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
         (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),
@@ -155,6 +160,7 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     config.update(methods=["nonprivate", "naive_dp", "dp_merging", "dp_sam", "dp_anchor"], epsilons=[1, 4])
     config["finetune"]["by_method"] = {"dp_anchor": {"anchor_lambda": 0.3}}
     config["backbones"]["effnet"]["finetune"]["by_method"] = {"nonprivate": {"lr": 0.0003}}
+    config["merge"]["ties_difference"] = {"operator": "ties", "vectors": "difference", "density": 0.3}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n", "--quiet", "rules")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -162,11 +168,14 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     tasks = 4
     # nonprivate runs once per task (epsinf); the four private methods once per task and epsilon
     assert jobs["finetune"] == tasks * (1 + 4 * 2)
-    assert jobs["merge"] == 2 * (1 + 4 * 2) * 2  # backbones x release groups x operators
+    assert jobs["merge"] == 2 * (1 + 4 * 2) * 3  # backbones x release groups x configured merges
     assert jobs["table1"] == 2 * 2  # per backbone and private epsilon
     listing = snakemake(tmp_path, "-n", "--printshellcmds")
     assert "taskvectors/effnet/epsinf/nonprivate/s0/digits.safetensors" in listing.stdout
     assert "--method nonprivate  --seed 0" in listing.stdout  # no --epsilon for the non-private reference
+    assert ("dpmerge merge --method ties --vectors difference --name ties_difference --param density=0.3 "
+            "--base results/pretrained/minilm.safetensors -o results/merged/minilm/eps1/dp_anchor/s0/"
+            "ties_difference.safetensors") in listing.stdout
     # per-method overrides: global < global by_method < backbone < backbone by_method
     commands = [line for line in listing.stdout.splitlines() if "dpmerge finetune " in line]
 
@@ -178,3 +187,9 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     assert hparams("minilm", "nonprivate")["lr"] == 0.001
     assert hparams("minilm", "dp_anchor")["anchor_lambda"] == 0.3 and hparams("minilm", "naive_dp")["anchor_lambda"] == 0.05
     assert all("by_method" not in hparams(b, m) for b in ("effnet", "minilm") for m in ("nonprivate", "dp_sam"))
+
+
+def test_schema_lists_exactly_the_registered_operators():
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    entry = schema["properties"]["merge"]["additionalProperties"]
+    assert entry["properties"]["operator"]["enum"] == list(OPERATORS)

@@ -193,12 +193,15 @@ def cmd_merge(args) -> None:
         # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
         merged_model = (
             (key, base.get_tensor(key) + merged.to(base.dtype(key)))
-            for key, merged in merge_stream(args.method, source, **params)
+            for key, merged in merge_stream(args.method, source, args.vectors, **params)
         )
+        name = args.name or (args.method if args.vectors == "task" else f"{args.method}_{args.vectors}")
         hyper = {**OPERATORS[args.method].defaults, **params}  # merge_stream has refused unknown ones
         meta = {
             "artifact": "merged_model",
             "operator": args.method,
+            "merge_name": name,
+            "vectors": args.vectors,
             "hyperparameters": hyper,
             "backbone": metas[0]["backbone"],
             "method": metas[0]["method"],
@@ -215,7 +218,8 @@ def cmd_merge(args) -> None:
         write_tensors_streaming(args.out, layout, merged_model, meta)
     except ValueError as error:
         raise SystemExit(f"error: {error}")  # nothing written: the output appears only complete
-    _log(f"[merge] {args.method} {hyper} over {len(metas)} task vectors (streamed) -> {args.out}")
+    _log(f"[merge] {name}: {args.method} {hyper} of {args.vectors} vectors over {len(metas)} task vectors "
+         f"(streamed) -> {args.out}")
 
 
 def _load_heads_and_data(heads: list[str], data: list[str]):
@@ -275,7 +279,7 @@ def cmd_evaluate(args) -> None:
     if args.merged:
         merged, merged_meta = load_tensors(args.merged)
         backbone.load_top_state(merged)
-        score_all_tasks(merged_meta["operator"], "merged")
+        score_all_tasks(merged_meta.get("merge_name", merged_meta["operator"]), "merged")
     else:
         if len(args.task_vectors or []) != len(tasks):
             raise SystemExit("error: individual evaluation needs one --task-vectors file per --heads file")
@@ -326,8 +330,8 @@ def cmd_interpolate(args) -> None:
         )
         barrier = barrier_height(gammas, np.array([r["loss"] for r in curve]))
         for point in curve:
-            rows.append({**_identity(meta), "operator": merged_meta["operator"], "task": prepared["task"],
-                         **point, "barrier": barrier, "num_examples": n})
+            rows.append({**_identity(meta), "operator": merged_meta.get("merge_name", merged_meta["operator"]),
+                         "task": prepared["task"], **point, "barrier": barrier, "num_examples": n})
         _log(f"[interpolate] {prepared['task']}: barrier {barrier:.4f}")
     _write_parquet(rows, args.out)
 
@@ -418,9 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATORS.items())
-    p = add("merge", cmd_merge, f"Merge released task vectors. Operators: {ops}.")
+    p = add("merge", cmd_merge, f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")
     p.add_argument("task_vectors", nargs="+", help="task vector .safetensors files")
-    p.add_argument("--method", required=True, help="merge operator name")
+    p.add_argument("--method", required=True, help="merge operator name (listed above)")
+    p.add_argument("--vectors", choices=["task", "difference"], default="task",
+                   help="merge the task vectors tau_t, or the difference vectors tau_t - mean(tau) around the "
+                        "weight average (the result is then the average plus the merged differences)")
+    p.add_argument("--name", help="label of this merge in scores and tables (default: the method, with "
+                                  "'_difference' appended for difference vectors)")
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors (from 'dpmerge pretrained')")
     p.add_argument("--param", action="append", help="operator hyperparameter key=value (repeatable)")
     p.add_argument("-o", "--out", required=True, help="merged model .safetensors")

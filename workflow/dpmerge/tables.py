@@ -24,7 +24,19 @@ METHOD_LABELS = {
 ABLATIONS = ("dp_sam", "dp_anchor")
 OPERATOR_LABELS = {
     "weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES", "dare": "DARE",
+    "pcb": "PCB", "wudi": "WUDI", "tsv_m": "TSV-M", "iso_c": "Iso-C", "iso_cts": "Iso-CTS",
+    "consensus_ta": "Consensus TA",
 }
+
+
+def operator_label(name: str) -> str:
+    """Label of a configured merge: the operator's, and 'ties_difference' -> 'TIES (difference vectors)'."""
+    if name in OPERATOR_LABELS:
+        return OPERATOR_LABELS[name]
+    base, _, variant = name.rpartition("_")
+    if variant == "difference" and base in OPERATOR_LABELS:
+        return f"{OPERATOR_LABELS[base]} (difference vectors)"
+    return name
 
 
 def _label(mapping: dict, key: str) -> str:
@@ -62,7 +74,7 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
     operators = [m for m in dict.fromkeys(scores["model"]) if m != "individual"]
     for operator in operators:
         base, ours = row(operator, baseline), row(operator, proposed)
-        op = _label(OPERATOR_LABELS, operator)
+        op = operator_label(operator)
         if (reference := row(operator, "nonprivate")) is not None:
             rows[f"{_label(METHOD_LABELS, 'nonprivate')} + {op}"] = reference
         if base is not None:

@@ -38,12 +38,29 @@ for _name, _backbone in config["backbones"].items():
                 f"backbones.{_name}.tasks: {_task!r} is a {TASKS[_task].modality} task, "
                 f"but {_backbone['kind']!r} is a {_modality} backbone"
             )
-for _operator, _params in config["merge"].items():
-    _unknown = set(_params) - set(OPERATORS[_operator].defaults)
+_MERGE_META_KEYS = ("operator", "vectors")
+
+
+def merge_operator(name):
+    return config["merge"][name].get("operator", name)
+
+
+def merge_hyperparameters(name):
+    return {k: v for k, v in config["merge"][name].items() if k not in _MERGE_META_KEYS}
+
+
+for _name in config["merge"]:
+    if merge_operator(_name) not in OPERATORS:
+        _config_error(
+            f"merge.{_name}: no operator named {merge_operator(_name)!r}; give `operator:` one of "
+            f"{', '.join(OPERATORS)}"
+        )
+    _defaults = OPERATORS[merge_operator(_name)].defaults
+    _unknown = set(merge_hyperparameters(_name)) - set(_defaults)
     if _unknown:
         _config_error(
-            f"merge.{_operator}: unknown hyperparameter(s) {sorted(_unknown)}; "
-            f"allowed: {', '.join(OPERATORS[_operator].defaults) or 'none'}"
+            f"merge.{_name}: unknown hyperparameter(s) {sorted(_unknown)} for operator "
+            f"{merge_operator(_name)!r}; allowed: {', '.join(_defaults) or 'none'}"
         )
 def _finetune_settings_schema():
     """The schema of one level of finetune settings: the global finetune properties without by_method."""
@@ -111,7 +128,7 @@ wildcard_constraints:
     eps=r"eps(inf|[0-9.]+)",
     method="|".join(METHODS),
     seed=r"s[0-9]+",
-    operator="|".join(OPERATORS),
+    operator="|".join(sorted(config["merge"], key=len, reverse=True)),
 
 
 def backbone_spec(wildcards):
@@ -220,9 +237,12 @@ def all_targets():
 
 
 def operator_params(wildcards):
-    """The operator's configured hyperparameters as --param flags (a change reruns only this merge onwards)."""
-    params = config["merge"][wildcards.operator]
-    return " ".join(f"--param {key}={json.dumps(value)}" for key, value in sorted(params.items()))
+    """The merge's operator, vectors and hyperparameters as flags (a change reruns only this merge onwards)."""
+    name = wildcards.operator
+    flags = [f"--method {merge_operator(name)}", f"--vectors {config['merge'][name].get('vectors', 'task')}",
+             f"--name {name}"]
+    flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(merge_hyperparameters(name).items())]
+    return " ".join(flags)
 
 
 def interpolation_merged_model(wildcards):

@@ -19,7 +19,7 @@ rule merge:
         mem_mb=4000,
         runtime="1h",
     shell:
-        "dpmerge merge --method {wildcards.operator} --base {input.base} {params.hyper} "
+        "dpmerge merge {params.hyper} --base {input.base} "
         "-o {output} {input.vectors} > {log} 2>&1"
 
 
