@@ -31,28 +31,32 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child(mode: str, workdir: Path, operator: str, tasks: int) -> None:
-    """Runs in a fresh process; prints its peak RSS in MiB as JSON."""
+def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
+    """Runs in a fresh process; prints its peak RSS in MiB as JSON. spec = OPERATOR or OPERATOR@difference."""
+    operator, _, vectors = spec.partition("@")
+    vectors = vectors or "task"
     sys.path.insert(0, str(HERE.parent / "workflow"))
     import torch  # noqa: F401
 
     import dpmerge  # noqa: F401
 
     baseline = peak_rss_mib()
-    vectors = [str(workdir / f"tv{i}.safetensors") for i in range(tasks)]
-    out = workdir / f"merged_{operator}_{mode}.safetensors"
+    paths = [str(workdir / f"tv{i}.safetensors") for i in range(tasks)]
+    out = workdir / f"merged_{operator}_{vectors}_{mode}.safetensors"
     start = time.perf_counter()
     if mode == "stream":
         from dpmerge.cli import main
 
-        main(["merge", "--method", operator, "--base", str(workdir / "w0.safetensors"), "-o", str(out), *vectors])
+        params = [arg for key, value in hyper.items() for arg in ("--param", f"{key}={json.dumps(value)}")]
+        main(["merge", "--method", operator, "--vectors", vectors, *params,
+              "--base", str(workdir / "w0.safetensors"), "-o", str(out), *paths])
     elif mode == "in-memory":
         from dpmerge.merging import merge
         from dpmerge.taskvectors import load_tensors, save_tensors
 
         base, _ = load_tensors(workdir / "w0.safetensors")
-        loaded = [load_tensors(path)[0] for path in vectors]
-        merged = merge(operator, loaded)
+        loaded = [load_tensors(path)[0] for path in paths]
+        merged = merge(operator, loaded, vectors, **hyper)
         save_tensors(out, {key: base[key] + merged[key] for key in base}, {"operator": operator})
     elif mode != "baseline":
         raise ValueError(mode)
@@ -92,21 +96,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dpmerge-merge-bench"))
-    parser.add_argument("--operators", nargs="+", default=None)
-    parser.add_argument("--child", nargs=2, metavar=("MODE", "OPERATOR"), help=argparse.SUPPRESS)
+    parser.add_argument("--operators", nargs="+", default=None,
+                        help="operators to time (default: all registered, then ties@difference); "
+                             "NAME@difference merges difference vectors")
+    parser.add_argument("--param", action="append", default=[], metavar="OPERATOR.KEY=VALUE",
+                        help="hyperparameter for one operator, e.g. wudi.iterations=10 (repeatable)")
+    parser.add_argument("--child", nargs=3, metavar=("MODE", "OPERATOR", "HYPER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.workdir, args.child[1], args.tasks)
+        child(args.child[0], args.workdir, args.child[1], args.tasks, json.loads(args.child[2]))
         return
+    hyper: dict[str, dict] = {}
+    for item in args.param:
+        name, _, assignment = item.partition(".")
+        key, _, value = assignment.partition("=")
+        hyper.setdefault(name, {})[key] = json.loads(value)
 
     numel = write_inputs(args.workdir, args.tasks)
     model_mib = numel * 4 / 2**20
     sys.path.insert(0, str(HERE.parent / "workflow"))
     from dpmerge.merging import OPERATORS
 
-    def run(mode, operator):
+    def run(mode, spec):
+        params = json.dumps(hyper.get(spec.partition("@")[0], {}))
         result = subprocess.run([sys.executable, __file__, "--tasks", str(args.tasks), "--workdir", str(args.workdir),
-                                 "--child", mode, operator], capture_output=True, text=True)
+                                 "--child", mode, spec, params], capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(result.stderr[-2000:])
         return json.loads(result.stdout.strip().splitlines()[-1])
@@ -114,11 +128,13 @@ def main() -> None:
     bare = run("baseline", "weight_averaging")["peak_mib"]
     print(f"{args.tasks} task vectors shaped like ViT-B/32 ({numel / 1e6:.1f}M float32 parameters, one model = "
           f"{model_mib:.0f} MiB); bare interpreter with torch: {bare:.0f} MiB")
+    if hyper:
+        print(f"hyperparameters other than the defaults: {hyper}")
     print(f"{'operator':18s} {'mode':10s} {'seconds':>8s} {'peak RSS MiB':>13s} {'models':>7s} {'above bare':>11s}")
-    for operator in args.operators or list(OPERATORS):
+    for spec in args.operators or [*OPERATORS, "ties@difference"]:
         for mode in ("stream", "in-memory"):
-            r = run(mode, operator)
-            print(f"{operator:18s} {mode:10s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} "
+            r = run(mode, spec)
+            print(f"{spec:18s} {mode:10s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} "
                   f"{r['peak_mib'] / model_mib:7.2f} {(r['peak_mib'] - bare) / model_mib:11.2f}", flush=True)
 
 

@@ -7,6 +7,8 @@ import torch
 from dpmerge.merging import (
     OPERATORS,
     consensus_ta,
+    fisher,
+    regmean,
     iso_c,
     iso_cts,
     merge,
@@ -203,7 +205,8 @@ def test_difference_vectors_of_averaging_and_task_arithmetic_are_the_average():
 @pytest.mark.parametrize("name", sorted(OPERATORS))
 def test_difference_vectors_of_identical_tasks_return_that_task(name):
     vector = {"w": randn(5, 4, seed=1), "b": randn(5, seed=2)}
-    merged = merge(name, [vector, vector, vector], "difference")
+    statistics = {"regmean": [{"w": torch.eye(4)}] * 3, "fisher": [{"w": torch.ones(5, 4), "b": torch.ones(5)}] * 3}
+    merged = merge(name, [vector, vector, vector], "difference", statistics.get(name))
     for key in vector:
         assert torch.allclose(merged[key], vector[key], atol=1e-6), key
 
@@ -220,3 +223,51 @@ def test_unknown_vector_kind_and_bad_hyperparameters_are_named():
         iso_cts(vectors, common_space_fraction=2)
     with pytest.raises(ValueError, match="include_conv must be true or false"):
         tsv_m(vectors, include_conv="yes")
+
+
+# ---- RegMean and Fisher
+
+
+def test_regmean_with_identity_or_equal_grams_is_averaging():
+    vectors = [{"w": randn(5, 3, seed=s), "b": randn(5, seed=10 + s)} for s in range(3)]
+    average = weight_averaging(vectors)
+    identity = [{"w": torch.eye(3)} for _ in vectors]
+    shared = randn(3, 3, seed=7)
+    shared = [{"w": shared @ shared.T + torch.eye(3)} for _ in vectors]
+    for grams in (identity, shared):
+        merged = regmean(vectors, grams, reduce_non_diagonal_ratio=1.0)
+        assert torch.allclose(merged["w"], average["w"], atol=1e-5)
+        assert torch.equal(merged["b"], average["b"])  # not a linear weight: averaged
+
+
+def test_regmean_by_hand_each_task_owns_the_inputs_it_saw():
+    first, second = {"w": torch.tensor([[1.0, 2.0]])}, {"w": torch.tensor([[3.0, 4.0]])}
+    # task 1 only ever saw input direction e0, task 2 only e1: the merge takes column 0 from task 1, 1 from 2
+    grams = [{"w": torch.diag(torch.tensor([2.0, 0.0]))}, {"w": torch.diag(torch.tensor([0.0, 5.0]))}]
+    assert torch.allclose(regmean([first, second], grams, 1.0)["w"], torch.tensor([[1.0, 4.0]]))
+    # and it is the least-squares solution on both tasks' inputs in general
+    vectors = [{"w": randn(4, 3, seed=s)} for s in range(2)]
+    inputs = [randn(10, 3, seed=20 + s) for s in range(2)]
+    grams = [{"w": x.T @ x} for x in inputs]
+    stacked_inputs = torch.cat(inputs)
+    targets = torch.cat([x @ v["w"].T for x, v in zip(inputs, vectors)])
+    least_squares = torch.linalg.lstsq(stacked_inputs, targets).solution.T
+    assert torch.allclose(regmean(vectors, grams, 1.0)["w"], least_squares, atol=1e-4)
+
+
+def test_fisher_merging_by_hand():
+    vectors = [{"w": torch.tensor([1.0, 1.0])}, {"w": torch.tensor([3.0, -1.0])}]
+    fishers = [{"w": torch.tensor([3.0, 0.0])}, {"w": torch.tensor([1.0, 0.0])}]
+    merged = fisher(vectors, fishers, normalize_fisher_weight=False, minimal_fisher_weight=0.0)["w"][0]
+    assert merged == pytest.approx((3 * 1 + 1 * 3) / 4)
+    # no task informs coordinate 1: the minimal weight makes it the plain average
+    assert fisher(vectors, fishers, normalize_fisher_weight=False)["w"][1] == pytest.approx(0.0, abs=1e-6)
+    equal = [{"w": torch.ones(2)} for _ in vectors]
+    assert torch.allclose(fisher(vectors, equal)["w"], weight_averaging(vectors)["w"])
+
+
+def test_statistics_operators_refuse_to_run_without_statistics():
+    with pytest.raises(ValueError, match="regmean needs per-task Gram matrices"):
+        merge("regmean", [{"w": randn(2, 2)}])
+    with pytest.raises(ValueError, match="fisher: the Fisher statistics lack tensors the task vectors have: \\['b'\\]"):
+        fisher([{"w": randn(2), "b": randn(2)}], [{"w": torch.ones(2)}])

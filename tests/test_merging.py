@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from dpmerge.merging import (
+    NEEDS_STATISTICS,
     OPERATORS,
+    StatisticsSource,
     InMemorySource,
     _ties_statistics,
     _top_magnitude_threshold,
@@ -119,8 +121,25 @@ CONFIGURATIONS = [
     ("ties", {"density": 0.2}), ("ties", {"density": 0.5, "topk_scope": "per_tensor", "merge_func": "sum"}),
     ("dare", {"drop_rate": 0.7, "seed": 3}), ("pcb", {}), ("pcb", {"ratio": 0.5, "scaling": 1.0}),
     ("wudi", {"iterations": 20, "lr": 1e-3}), ("tsv_m", {}), ("iso_c", {}), ("iso_cts", {}),
-    ("iso_cts", {"common_space_fraction": 0.5}), ("consensus_ta", {}),
+    ("iso_cts", {"common_space_fraction": 0.5}), ("consensus_ta", {}), ("regmean", {}),
+    ("regmean", {"reduce_non_diagonal_ratio": 0.3}), ("fisher", {}), ("fisher", {"normalize_fisher_weight": False}),
 ]
+
+
+def random_statistics(name, vectors, seed=1):
+    """Per-task Grams (PSD, for the matrix-shaped tensors) or positive Fisher diagonals (for every tensor)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for vector in vectors:
+        stats = {}
+        for key, value in vector.items():
+            if name == "fisher":
+                stats[key] = torch.rand(value.shape, generator=generator)
+            elif value.ndim >= 2:
+                inputs = torch.randn(20, value[0].numel(), generator=generator)
+                stats[key] = inputs.T @ inputs / 20
+        out.append(stats)
+    return out
 
 
 def test_every_registered_operator_is_covered_by_the_streaming_test():
@@ -134,9 +153,11 @@ def test_streamed_merge_from_files_is_bit_identical_to_in_memory(tmp_path, name,
     for i, vector in enumerate(vectors):
         paths.append(tmp_path / f"tv{i}.safetensors")
         save_tensors(paths[-1], vector, {"task": str(i)})
+    statistics = random_statistics(name, vectors) if name in NEEDS_STATISTICS else None
     for kind in ("task", "difference"):
-        streamed = dict(merge_stream(name, SafetensorsSource(paths), kind, **hyper))
-        in_memory = merge(name, vectors, kind, **hyper)
+        source = SafetensorsSource(paths, StatisticsSource(statistics) if statistics else None)
+        streamed = dict(merge_stream(name, source, kind, **hyper))
+        in_memory = merge(name, vectors, kind, statistics, **hyper)
         assert streamed.keys() == in_memory.keys()
         for key in in_memory:
             assert torch.equal(streamed[key], in_memory[key]), (kind, key)

@@ -31,9 +31,11 @@ TINY = {
         "minilm": {"kind": "minilm_l6", "trainable_blocks": 1, "max_length": 16,
                    "tasks": ["bbc_topic", "bbc_next_sentence"]},
     },
-    "data": {"max_train": 48, "max_test": 24},
+    "data": {"max_train": 48, "max_test": 24, "public_examples": 16},
     "finetune": {"epochs": 0.4, "batch_size": 8, "lr": 0.001},
-    "merge": {"weight_averaging": {}, "ties": {"density": 0.2}},
+    "merge": {"weight_averaging": {}, "ties": {"density": 0.2},
+              "regmean": {"statistics": {"data": "public", "examples": 16}},
+              "fisher": {"statistics": {"data": "private", "examples": 32, "clip_norm": 0.01, "epsilon": 1.0}}},
     "diagnostics": {"interpolation": {"operator": "weight_averaging", "points": 3, "max_examples": 24}},
 }
 
@@ -105,6 +107,24 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     assert r"\toprule" in (results / "tables/table1_effnet_eps4.tex").read_text()
     assert (results / "figures/interpolation_minilm_eps4.png").read_bytes()[:4] == b"\x89PNG"
 
+    # data-dependent merges: RegMean on the held-out public examples (free), Fisher privatized and composed
+    _, regmean_meta = load_tensors(results / "merged/minilm/eps4/dp_merging/s0/regmean.safetensors")
+    assert regmean_meta["statistics"]["source"] == "public"
+    assert [r["examples"] for r in regmean_meta["statistics"]["records"]] == [16, 16]
+    minilm_spent = ledger.query("backbone == 'minilm' and method == 'dp_merging'")["spent_epsilon"].astype(float)
+    assert float(regmean_meta["release_epsilon"]) == minilm_spent.max()  # public statistics cost nothing
+    statistics = pd.read_parquet(results / "privacy/merge_statistics.parquet")
+    private = statistics.query("kind == 'fisher'")
+    assert len(private) == 8 and (private["source"] == "private").all() and (private["examples"] == 32).all()
+    spent = ledger.set_index(["backbone", "method", "task"])["spent_epsilon"].astype(float)
+    for row in private.itertuples():
+        assert float(row.total_epsilon) > spent[(row.backbone, row.method, row.task)]
+        assert float(row.statistic_epsilon) == 1.0 and float(row.noise_multiplier) > 0
+    _, fisher_meta = load_tensors(results / "merged/effnet/eps4/naive_dp/s0/fisher.safetensors")
+    assert fisher_meta["release_epsilon"] == max(r["total_epsilon"] for r in fisher_meta["statistics"]["records"])
+    assert "Merge statistics" in (results / "privacy/ledger.md").read_text()
+    assert {"DP + RegMean", "DP-Merging + Fisher"} <= set(table.index)
+
     drift = pd.read_parquet(results / "diagnostics/drift/effnet/eps4/naive_dp/s0.parquet")
     assert (drift["drift"] > 0).all() and drift["mean_drift"].iloc[0] == pytest.approx(drift["drift"].mean())
 
@@ -126,6 +146,17 @@ def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished
     assert planned_jobs(result.stdout + result.stderr) == {"merge": 4, "evaluate_merged": 4, "table1": 2, "all": 1}
 
 
+def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(finished_run):
+    changed = yaml.safe_load((finished_run / "config.yaml").read_text())
+    changed["merge"]["fisher"]["statistics"]["epsilon"] = 2.0
+    config = finished_run / "changed_statistics.yaml"
+    config.write_text(yaml.safe_dump(changed))
+    result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert planned_jobs(result.stdout + result.stderr) == {
+        "merge_statistics": 4, "merge": 4, "evaluate_merged": 4, "table1": 2, "privacy_ledger": 1, "all": 1}
+
+
 @pytest.mark.parametrize(
     "change,message",
     [
@@ -136,6 +167,13 @@ def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished
          "merge.ties: unknown hyperparameter(s) ['densty'] for operator 'ties'; allowed: density"),
         (lambda c: c["merge"].update(ties_dv={"operator": "ties", "vectors": "deltas"}), "deltas"),
         (lambda c: c["merge"].update(Bad={}), "Bad"),
+        (lambda c: c["merge"].update(regmean={}), "merge.regmean: regmean needs data statistics; add statistics:"),
+        (lambda c: c["data"].update(public_examples=0),
+         "merge.regmean.statistics.data: public needs data.public_examples > 0"),
+        (lambda c: c["merge"]["fisher"]["statistics"].pop("epsilon"),
+         "merge.fisher.statistics: data: private needs clip_norm and epsilon"),
+        (lambda c: c["merge"]["ties"].update(statistics={"data": "public"}),
+         "merge.ties.statistics: ties uses no data statistics"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
         (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),

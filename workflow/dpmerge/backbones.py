@@ -131,6 +131,10 @@ class Backbone:
         """Trainable part: trunk features -> embedding [B, embed_dim]."""
         raise NotImplementedError
 
+    def token_weights(self, *features: torch.Tensor) -> torch.Tensor | None:
+        """(B, tokens) 0/1 weights of the positions the top's layers see (padding = 0), or None if all count."""
+        return None
+
     @torch.no_grad()
     def trunk_features(self, inputs, batch_size: int = 64) -> tuple[torch.Tensor, ...]:
         encoded = self.encode_inputs(inputs)
@@ -342,6 +346,9 @@ class MiniLML6(Backbone):
         for layer in self.network.encoder.layer[: self.first_trainable_layer]:
             hidden = layer(hidden, attention_mask=mask)
         return hidden, attention_mask.to(hidden.dtype)
+
+    def token_weights(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return attention_mask
 
     def top(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         mask = self._additive_mask(attention_mask, hidden.dtype)

@@ -79,16 +79,18 @@ def cmd_prepare(args) -> None:
     started = time.time()
     data = load_task(
         args.task, image_size=int(spec.get("image_size", 64)), max_train=args.max_train or None,
-        max_test=args.max_test or None, seed=args.data_seed,
+        max_test=args.max_test or None, seed=args.data_seed, public_examples=args.public_examples,
     )
     if data.spec.modality != backbone.modality:
         raise SystemExit(
             f"error: task {args.task!r} is a {data.spec.modality} task but backbone {args.backbone!r} "
             f"is a {backbone.modality} backbone"
         )
-    _log(f"[prepare] {args.task}: {len(data.train_labels)} train / {len(data.test_labels)} test examples")
+    _log(f"[prepare] {args.task}: {len(data.train_labels)} train / {len(data.test_labels)} test / "
+         f"{len(data.public_labels)} public examples")
     train = backbone.trunk_features(data.train_inputs)
     test = backbone.trunk_features(data.test_inputs)
+    public = backbone.trunk_features(data.public_inputs) if len(data.public_labels) else ()
     payload = {
         "task": args.task,
         "backbone": args.backbone,
@@ -98,6 +100,9 @@ def cmd_prepare(args) -> None:
         "train_labels": torch.as_tensor(data.train_labels, dtype=torch.long),
         "test_features": list(test),
         "test_labels": torch.as_tensor(data.test_labels, dtype=torch.long),
+        # Held out of private training: free to use for merge statistics.
+        "public_features": list(public),
+        "public_labels": torch.as_tensor(data.public_labels, dtype=torch.long),
         "pretrained_sha256": backbone.checkpoint_sha256,
     }
     atomic_write(args.out, lambda tmp: torch.save(payload, tmp))
@@ -170,7 +175,7 @@ def _common(metas: list[dict], key: str, what: str):
 
 
 def cmd_merge(args) -> None:
-    from dpmerge.merging import OPERATORS, SafetensorsSource, check_same_structure, merge_stream
+    from dpmerge.merging import NEEDS_STATISTICS, OPERATORS, SafetensorsSource, check_same_structure, merge_stream
     from dpmerge.taskvectors import (
         LazySafetensors, check_privacy_record, file_tensors_sha256, read_metadata, write_tensors_streaming,
     )
@@ -186,8 +191,17 @@ def cmd_merge(args) -> None:
         _common(metas, key, "task vectors")
     if metas[0]["pretrained_sha256"] != base.metadata.get("pretrained_sha256"):
         raise SystemExit(f"error: task vectors were trained from other pretrained weights than {args.base}")
+    statistics, statistics_meta = None, None
+    if args.method in NEEDS_STATISTICS:
+        if not args.statistics:
+            raise SystemExit(f"error: {args.method} needs --statistics (from 'dpmerge statistics --kind "
+                             f"{NEEDS_STATISTICS[args.method]}')")
+        statistics, statistics_meta = _statistics_source(args.statistics, NEEDS_STATISTICS[args.method], metas,
+                                                         args.task_vectors)
+    elif args.statistics:
+        raise SystemExit(f"error: {args.method} uses no data statistics; drop --statistics")
     try:
-        source = SafetensorsSource(args.task_vectors)  # every vector has the first one's tensors...
+        source = SafetensorsSource(args.task_vectors, statistics)  # every vector has the first one's tensors...
         check_same_structure([args.base, args.task_vectors[0]], [base.structure(), source.files[0].structure()])
         # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
         # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
@@ -214,12 +228,114 @@ def cmd_merge(args) -> None:
             "release_epsilon": max((m["spent_epsilon"] for m in metas), key=lambda e: float(e)),
             "release_delta": max(float(m["delta"]) for m in metas),
         }
+        if statistics_meta is not None:
+            meta["statistics"] = {"path": args.statistics, "kind": statistics_meta["kind"],
+                                  "source": statistics_meta["source"], "records": statistics_meta["records"]}
+            if statistics_meta["source"] == "private":
+                # Each task's fine-tuning and its privatized statistic compose on that task's data.
+                meta["release_epsilon"] = max((r["total_epsilon"] for r in statistics_meta["records"]),
+                                              key=lambda e: float(e))
         layout = {key: (base.dtype(key), base.shape(key)) for key in source.keys()}
         write_tensors_streaming(args.out, layout, merged_model, meta)
     except ValueError as error:
         raise SystemExit(f"error: {error}")  # nothing written: the output appears only complete
     _log(f"[merge] {name}: {args.method} {hyper} of {args.vectors} vectors over {len(metas)} task vectors "
          f"(streamed) -> {args.out}")
+
+
+def cmd_statistics(args) -> None:
+    """Per-task RegMean Grams or Fisher diagonals of a release group's task models, public or privatized."""
+    import zlib
+
+    from dpmerge.evaluate import load_prepared
+    from dpmerge.merge_statistics import fisher_statistics, gram_statistics
+    from dpmerge.privacy import calibrate_noise_multiplier, composed_epsilon
+    from dpmerge.taskvectors import file_tensors_sha256, load_tensors, save_tensors
+
+    _set_threads(args.threads)
+    if not (len(args.task_vectors) == len(args.heads) == len(args.data)):
+        raise SystemExit("error: give one --task-vectors, --heads and --data file per task, in the same order")
+    if args.source == "private" and (args.clip_norm is None or args.epsilon is None):
+        raise SystemExit("error: --source private needs --clip-norm and --epsilon (the statistic's own budget)")
+    backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
+    base, _ = load_tensors(args.base)
+    vectors, metas = _read_task_vectors(args.task_vectors)
+    tensors, records = {}, []
+    for index, (vector, meta, head_path, data_path) in enumerate(zip(vectors, metas, args.heads, args.data)):
+        prepared = load_prepared(data_path)
+        if prepared["task"] != meta["task"]:
+            raise SystemExit(f"error: {data_path} holds task {prepared['task']!r}, {args.task_vectors[index]} "
+                             f"was trained on {meta['task']!r}")
+        if args.source == "public":
+            features, available = prepared["public_features"], len(prepared["public_labels"])
+            if available == 0:
+                raise SystemExit(f"error: {data_path} holds no public examples; set data.public_examples > 0 "
+                                 "(examples held out of private training) or use private statistics")
+        else:
+            features, available = prepared["train_features"], len(prepared["train_labels"])
+        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + zlib.crc32(meta["task"].encode()))
+        chosen = torch.randperm(available, generator=generator)[: min(args.examples, available)].sort().values
+        features = tuple(f[chosen] for f in features)
+        record = {"task": meta["task"], "source": args.source, "examples": int(len(chosen)),
+                  "task_vector_sha256": file_tensors_sha256(args.task_vectors[index])}
+        clip_norm, sigma = None, 0.0
+        if args.source == "private":
+            clip_norm = args.clip_norm
+            if meta["method"] == "nonprivate":
+                record.update(clip_norm=clip_norm, noise_multiplier=0.0, statistic_epsilon="inf",
+                              total_epsilon="inf")
+            else:
+                delta, accountant = float(meta["delta"]), meta["accountant"]
+                sigma = calibrate_noise_multiplier(args.epsilon, delta, 1.0, 1, 1, accountant)
+                finetuning = (float(meta["effective_noise_multiplier"]), float(meta["sample_rate"]), int(meta["steps"]))
+                total = composed_epsilon([finetuning, (sigma, 1.0, 1)], delta, accountant)
+                record.update(clip_norm=clip_norm, noise_multiplier=sigma, statistic_epsilon=args.epsilon,
+                              finetune_spent_epsilon=meta["spent_epsilon"], total_epsilon=total, delta=delta,
+                              accountant=accountant)
+        backbone.load_top_state({name: base[name] + vector[name] for name in base})
+        if args.kind == "gram":
+            result = gram_statistics(backbone, features, clip_norm, sigma, generator)
+        else:
+            head, _ = load_tensors(head_path)
+            result = fisher_statistics(backbone, head, features, clip_norm, sigma, generator)
+        tensors.update({f"{index}/{key}": value for key, value in result.items()})
+        records.append(record)
+        _log(f"[statistics] {args.kind} of {meta['task']} on {len(chosen)} {args.source} examples"
+             + (f", sigma {sigma:.3f}, total epsilon {record['total_epsilon']}" if sigma else ""))
+    meta = {"artifact": "merge_statistics", "kind": args.kind, "source": args.source,
+            "tasks": [m["task"] for m in metas], "records": records, **_identity(metas[0]),
+            "pretrained_sha256": metas[0]["pretrained_sha256"]}
+    save_tensors(args.out, tensors, meta)
+    _log(f"[statistics] wrote {args.out}")
+
+
+def _statistics_source(path: str, kind: str, metas: list[dict], vector_paths: list[str]):
+    """The per-task statistics of a `dpmerge statistics` file, checked against the vectors being merged."""
+    from dpmerge.merging import StatisticsSource
+    from dpmerge.taskvectors import LazySafetensors, file_tensors_sha256
+
+    file = LazySafetensors(path)
+    meta = file.metadata
+    if meta.get("artifact") != "merge_statistics" or meta.get("kind") != kind:
+        raise SystemExit(f"error: {path} is not a {kind} statistics file (from 'dpmerge statistics --kind {kind}')")
+    if meta["tasks"] != [m["task"] for m in metas]:
+        raise SystemExit(f"error: {path} covers tasks {meta['tasks']}, the vectors are {[m['task'] for m in metas]}")
+    for record, vector_path in zip(meta["records"], vector_paths):
+        if record["task_vector_sha256"] != file_tensors_sha256(vector_path):
+            raise SystemExit(f"error: {path} was computed from another task vector than {vector_path}")
+
+    class Prefixed:
+        def __init__(self, index):
+            self.prefix = f"{index}/"
+
+        def keys(self):
+            return [k.removeprefix(self.prefix) for k in file.keys() if k.startswith(self.prefix)]
+
+        def get_tensor(self, key):
+            return file.get_tensor(self.prefix + key)
+
+    return StatisticsSource([Prefixed(i) for i in range(len(metas))],
+                            [f"{path} (task {task})" for task in meta["tasks"]]), meta
 
 
 def _load_heads_and_data(heads: list[str], data: list[str]):
@@ -360,13 +476,18 @@ def cmd_plot_interpolation(args) -> None:
 
 
 def cmd_ledger(args) -> None:
-    from dpmerge.privacy_ledger import build_ledger, check_ledger, ledger_report
+    from dpmerge.privacy_ledger import (
+        build_ledger, build_statistics_ledger, check_ledger, check_statistics, ledger_report,
+    )
     from dpmerge.taskvectors import atomic_write
 
     ledger = build_ledger(args.task_vectors)
-    problems = check_ledger(ledger)
+    statistics = build_statistics_ledger(args.statistics or [])
+    problems = check_ledger(ledger) + check_statistics(statistics, ledger)
     atomic_write(args.out, lambda tmp: ledger.to_parquet(tmp, index=False))
-    atomic_write(args.report, lambda tmp: Path(tmp).write_text(ledger_report(ledger, problems)))
+    if args.statistics_out:
+        atomic_write(args.statistics_out, lambda tmp: statistics.to_parquet(tmp, index=False))
+    atomic_write(args.report, lambda tmp: Path(tmp).write_text(ledger_report(ledger, problems, statistics)))
     if problems:
         raise SystemExit("error: privacy ledger check failed:\n  " + "\n  ".join(problems))
     _log(f"[ledger] {len(ledger)} released task vectors, all within budget")
@@ -398,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-train", type=int, default=None, help="cap on training examples (seeded subset; 0 = no cap)")
     p.add_argument("--max-test", type=int, default=None, help="cap on test examples (seeded subset; 0 = no cap)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the seeded subsets (the train/test split itself is fixed per task)")
+    p.add_argument("--public-examples", type=int, default=0,
+                   help="training examples held out of private training as public data for merge statistics")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True, help="output .pt file")
 
@@ -433,6 +556,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors (from 'dpmerge pretrained')")
     p.add_argument("--param", action="append", help="operator hyperparameter key=value (repeatable)")
     p.add_argument("-o", "--out", required=True, help="merged model .safetensors")
+
+    p.add_argument("--statistics", help="per-task data statistics for regmean / fisher (from 'dpmerge statistics')")
+
+    p = add("statistics", cmd_statistics,
+            "Per-task RegMean Gram matrices or Fisher diagonals of a release group's task models, on public data "
+            "(held out of private training, free) or on private training data (clipped, noised, and composed "
+            "with each task's fine-tuning budget; the total is recorded).")
+    p.add_argument("--kind", required=True, choices=["gram", "fisher"])
+    p.add_argument("--source", required=True, choices=["public", "private"])
+    p.add_argument("--examples", type=int, default=256, help="examples per task (seeded subsample)")
+    p.add_argument("--clip-norm", type=float, help="private: L2 bound of each example's whole contribution")
+    p.add_argument("--epsilon", type=float, help="private: the statistic's own epsilon at the task's delta")
+    p.add_argument("--seed", type=int, default=0, help="seed of the subsample and the noise")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("--heads", nargs="+", required=True)
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, one per task vector")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
 
     p = add("evaluate", cmd_evaluate, "Score every individual (w0 + tau_t) or merged model on every task's test set.")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
@@ -475,6 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("task_vectors", nargs="+")
     p.add_argument("-o", "--out", required=True, help="ledger .parquet")
     p.add_argument("--report", required=True, help="ledger check report .md")
+    p.add_argument("--statistics", nargs="*", help="merge statistics files (from 'dpmerge statistics')")
+    p.add_argument("--statistics-out", help="per-task ledger of merge statistics .parquet")
     return parser
 
 

@@ -32,6 +32,8 @@ class VectorSource:
     """T task vectors with the same parameter names, shapes and dtypes, read one tensor at a time."""
 
     names: list[str]  # one label per task vector, used in error messages
+    # Per-task data statistics for the operators that need them (RegMean Grams, Fisher), or None.
+    statistics: "StatisticsSource | None" = None
 
     def keys(self) -> list[str]:
         raise NotImplementedError
@@ -52,13 +54,46 @@ class VectorSource:
         return {key: self.tensor(index, key) for key in self.keys()}
 
 
+class StatisticsSource:
+    """Per-task statistics keyed like the task vectors' tensors (a subset of them), read one key at a time."""
+
+    def __init__(self, per_task: list, names: list[str] | None = None):
+        self.per_task = per_task  # one mapping key -> tensor per task (dicts or LazySafetensors views)
+        self.names = names or [f"statistics of task {i}" for i in range(len(per_task))]
+        keys = [set(_keys_of(stats)) for stats in per_task]
+        for name, other in zip(self.names[1:], keys[1:]):
+            if other != keys[0]:
+                raise ValueError(f"{name} covers other tensors than {self.names[0]}: "
+                                 f"{sorted(other ^ keys[0])[:5]}")
+        self._keys = keys[0]
+
+    def keys(self) -> set[str]:
+        return self._keys
+
+    def tensors(self, key: str) -> list[torch.Tensor] | None:
+        if key not in self._keys:
+            return None
+        return [_checked_finite(_get(stats, key), name, key) for stats, name in zip(self.per_task, self.names)]
+
+
+def _keys_of(stats) -> list[str]:
+    return list(stats.keys())
+
+
+def _get(stats, key):
+    return stats[key] if isinstance(stats, dict) else stats.get_tensor(key)
+
+
 class InMemorySource(VectorSource):
-    def __init__(self, task_vectors: list[TaskVector], names: list[str] | None = None):
+    def __init__(self, task_vectors: list[TaskVector], names: list[str] | None = None, statistics=None):
         if not task_vectors:
             raise ValueError("merging needs at least one task vector")
         self.vectors = task_vectors
         self.names = names or [f"task vector {i}" for i in range(len(task_vectors))]
         check_same_structure(self.names, [_structure(v) for v in task_vectors])
+        if statistics is not None and not isinstance(statistics, StatisticsSource):
+            statistics = StatisticsSource(statistics)
+        self.statistics = statistics
 
     def keys(self) -> list[str]:
         return list(self.vectors[0])
@@ -74,9 +109,10 @@ class SafetensorsSource(VectorSource):
     """Task vectors in safetensors files, read lazily: a tensor is read from disk only when asked for, and
     memory holds only the tensors still referenced (no memory map keeps earlier ones resident)."""
 
-    def __init__(self, paths: list[str | Path]):
+    def __init__(self, paths: list[str | Path], statistics: StatisticsSource | None = None):
         from dpmerge.taskvectors import LazySafetensors
 
+        self.statistics = statistics
         if not paths:
             raise ValueError("merging needs at least one task vector")
         self.names = [str(p) for p in paths]
@@ -498,6 +534,76 @@ def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreem
     return scaling * torch.where(consensus, summed, torch.zeros_like(summed))
 
 
+# ---- RegMean and Fisher merging (need per-task data statistics; see merge_statistics.py for their privacy)
+
+
+def _needs(source: VectorSource, what: str, operator: str):
+    if source.statistics is None:
+        raise ValueError(f"{operator} needs per-task {what} (dpmerge statistics); none were given")
+    return source.statistics
+
+
+def _regmean_check(reduce_non_diagonal_ratio):
+    if not 0 <= reduce_non_diagonal_ratio <= 1:
+        raise ValueError(f"regmean reduce_non_diagonal_ratio must be in [0, 1], got {reduce_non_diagonal_ratio}")
+
+
+def _regmean_statistics(source, reduce_non_diagonal_ratio):
+    return _needs(source, "Gram matrices", "regmean")
+
+
+def regmean_solve(matrices: list[torch.Tensor], grams: list[torch.Tensor], reduce_non_diagonal_ratio: float):
+    """argmin_W sum_i ||X_i W^T - X_i W_i^T||^2 = (sum_i W_i G_i)(sum_i G_i)^+ with G_i = X_i^T X_i, after
+    shrinking each G_i's off-diagonal entries by the ratio (RegMean's regularisation; 1 = none). Exact on task
+    vectors: w0 cancels because (sum G_i)(sum G_i)^+ acts as the identity on their row space. The
+    pseudo-inverse keeps privatized (possibly indefinite) or rank-deficient Grams well defined."""
+    reduced = [reduce_non_diagonal_ratio * g + (1 - reduce_non_diagonal_ratio) * torch.diag(torch.diagonal(g))
+               for g in grams]
+    total = torch.stack(reduced).sum(0)
+    weighted = sum(m @ g for m, g in zip(matrices, reduced))
+    return weighted @ torch.linalg.pinv(total, hermitian=True)
+
+
+def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
+    grams = statistics.tensors(key)
+    if grams is None:  # not a linear layer's weight: averaged
+        return _mean_of(tensors)
+    matrices = [t.reshape(t.shape[0], -1).double() for t in tensors]
+    merged = regmean_solve(matrices, [g.double() for g in grams], reduce_non_diagonal_ratio)
+    return merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+def _fisher_check(normalize_fisher_weight, minimal_fisher_weight):
+    if not isinstance(normalize_fisher_weight, bool):
+        raise ValueError(f"fisher normalize_fisher_weight must be true or false, got {normalize_fisher_weight!r}")
+    if not minimal_fisher_weight >= 0:
+        raise ValueError(f"fisher minimal_fisher_weight must be >= 0, got {minimal_fisher_weight}")
+
+
+def _fisher_statistics(source, normalize_fisher_weight, minimal_fisher_weight):
+    """The Fisher source, and each task's global L2 norm of its Fisher (streamed) when normalising."""
+    statistics = _needs(source, "Fisher information", "fisher")
+    missing = sorted(set(source.keys()) - statistics.keys())
+    if missing:
+        raise ValueError(f"fisher: the Fisher statistics lack tensors the task vectors have: {missing[:5]}")
+    norms = None
+    if normalize_fisher_weight:
+        squares = torch.zeros(len(source), dtype=torch.float64)
+        for key in source.keys():
+            squares += torch.stack([f.double().square().sum() for f in statistics.tensors(key)])
+        norms = squares.sqrt().tolist()
+    return statistics, norms
+
+
+def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_weight):
+    statistics, norms = stats
+    fishers = statistics.tensors(key)
+    if norms is not None:
+        fishers = [f / n if n > 0 else f for f, n in zip(fishers, norms)]
+    weights = torch.stack(fishers).to(tensors[0].dtype) + minimal_fisher_weight
+    return (weights * torch.stack(tensors)).sum(0) / weights.sum(0)
+
+
 OPERATORS: dict[str, Operator] = {
     "weight_averaging": Operator(_weight_averaging_tensor, {}, "Wortsman et al., ICML 2022"),
     "task_arithmetic": Operator(_task_arithmetic_tensor, {"scaling": 0.3}, "Ilharco et al., ICLR 2023"),
@@ -545,6 +651,20 @@ OPERATORS: dict[str, Operator] = {
         "Marczak et al., ICML 2025 (Iso-CTS, common and task-specific subspaces)",
         check=_iso_cts_check,
     ),
+    "regmean": Operator(
+        _regmean_tensor,
+        {"reduce_non_diagonal_ratio": 0.95},
+        "Jin et al., ICLR 2023 (RegMean)",
+        statistics=_regmean_statistics,
+        check=_regmean_check,
+    ),
+    "fisher": Operator(
+        _fisher_tensor,
+        {"normalize_fisher_weight": True, "minimal_fisher_weight": 1e-6},
+        "Matena and Raffel, NeurIPS 2022 (Fisher merging)",
+        statistics=_fisher_statistics,
+        check=_fisher_check,
+    ),
     "consensus_ta": Operator(
         _consensus_tensor,
         {"scaling": 0.3, "tall_mask_lambda": 0.6, "min_agreement": 2},
@@ -578,6 +698,7 @@ class DifferenceSource(VectorSource):
 
     def __init__(self, source: VectorSource):
         self.source = source
+        self.statistics = source.statistics
         self.names = [f"{name} (difference vector)" for name in source.names]
         self._key = None
 
@@ -635,9 +756,16 @@ def _merged_differences(spec: Operator, hyper: dict, source: DifferenceSource):
         yield key, source.mean(key) + merged
 
 
-def merge(operator: str, task_vectors: list[TaskVector], vectors: str = "task", **hyperparameters) -> TaskVector:
-    """Merge in-memory task vectors with a registered operator (the same computation as `merge_stream`)."""
-    return dict(merge_stream(operator, InMemorySource(task_vectors), vectors, **hyperparameters))
+# Operators that read per-task data statistics, and which kind (merge_statistics.KINDS).
+NEEDS_STATISTICS = {"regmean": "gram", "fisher": "fisher"}
+
+
+def merge(operator: str, task_vectors: list[TaskVector], vectors: str = "task", statistics=None,
+          **hyperparameters) -> TaskVector:
+    """Merge in-memory task vectors with a registered operator (the same computation as `merge_stream`).
+    `statistics`: per-task dicts of Gram matrices / Fisher diagonals for regmean / fisher."""
+    return dict(merge_stream(operator, InMemorySource(task_vectors, statistics=statistics), vectors,
+                             **hyperparameters))
 
 
 # Pure functions by operator name, for use from Python.
@@ -756,3 +884,29 @@ def consensus_ta(task_vectors, scaling=0.3, tall_mask_lambda=0.6, min_agreement=
     """
     return merge("consensus_ta", task_vectors, scaling=scaling, tall_mask_lambda=tall_mask_lambda,
                  min_agreement=min_agreement)
+
+
+def regmean(task_vectors, grams, reduce_non_diagonal_ratio=0.95) -> TaskVector:
+    """RegMean (Jin et al., 2023, "Dataless Knowledge Fusion by Merging Weights of Language Models"): per linear
+    layer, the weights minimising the summed squared output difference to every task model on its own inputs,
+    in closed form from the Gram matrices of those inputs; other tensors averaged.
+
+    Args:
+        grams: per task, {weight name: mean input Gram (in x in)} (merge_statistics.gram_statistics).
+        reduce_non_diagonal_ratio: alpha scaling the Grams' off-diagonal entries (FusionBench: 0.95 for CLIP
+            vision models, 0.1 in its generic/language configuration).
+    """
+    return merge("regmean", task_vectors, statistics=grams, reduce_non_diagonal_ratio=reduce_non_diagonal_ratio)
+
+
+def fisher(task_vectors, fishers, normalize_fisher_weight=True, minimal_fisher_weight=1e-6) -> TaskVector:
+    """Fisher merging (Matena and Raffel, 2022): per parameter, the Fisher-weighted mean
+    sum_i F_i tau_i / sum_i F_i (= the weighted mean of the fine-tuned weights, minus w0).
+
+    Args:
+        fishers: per task, {parameter name: diagonal Fisher} (merge_statistics.fisher_statistics).
+        normalize_fisher_weight: divide each task's Fisher by its global L2 norm first (FusionBench default).
+        minimal_fisher_weight: added to every weight so coordinates no task informs are averaged.
+    """
+    return merge("fisher", task_vectors, statistics=fishers, normalize_fisher_weight=normalize_fisher_weight,
+                 minimal_fisher_weight=minimal_fisher_weight)

@@ -101,3 +101,16 @@ def calibrate_noise_multiplier(
     if spent > target_epsilon:
         raise RuntimeError(f"calibration failed: sigma={sigma:.4f} spends epsilon={spent:.4f} > {target_epsilon}")
     return float(sigma)
+
+
+def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, accountant: str = "rdp") -> float:
+    """epsilon of running every mechanism (noise multiplier, sample rate, steps) on the same dataset, composed by
+    the accountant (e.g. a task's fine-tuning followed by a privatized merge statistic at sample rate 1, 1 step).
+    Noise multipliers are the effective ones (see effective_noise_multiplier)."""
+    _check_accountant(accountant)
+    mechanisms = [m for m in mechanisms if m[2] > 0]
+    if not mechanisms:
+        return 0.0
+    ledger = create_accountant(accountant)
+    ledger.history = [tuple(m) for m in mechanisms]
+    return float(ledger.get_epsilon(delta=delta, **_epsilon_options(accountant)))

@@ -48,7 +48,40 @@ def check_ledger(ledger: pd.DataFrame) -> list[str]:
     return problems
 
 
-def ledger_report(ledger: pd.DataFrame, problems: list[str]) -> str:
+STATISTICS_COLUMNS = ["path", "kind", "source", "backbone", "method", "target_epsilon", "seed", "task", "examples",
+                      "clip_norm", "noise_multiplier", "statistic_epsilon", "finetune_spent_epsilon",
+                      "total_epsilon", "task_vector_sha256"]
+
+
+def build_statistics_ledger(paths: list[str]) -> pd.DataFrame:
+    """One row per task of every merge-statistics file: its data source and, for private statistics, the
+    budget composed with that task's fine-tuning."""
+    rows = []
+    for path in paths:
+        meta = read_metadata(path)
+        for record in meta.get("records", []):
+            rows.append({"path": str(path), "kind": meta.get("kind"), "source": meta.get("source"),
+                         "backbone": meta.get("backbone"), "method": meta.get("method"),
+                         "target_epsilon": str(meta.get("target_epsilon")), "seed": meta.get("seed"),
+                         **{k: (str(v) if "epsilon" in k else v) for k, v in record.items()}})
+    frame = pd.DataFrame(rows, columns=STATISTICS_COLUMNS)
+    return frame
+
+
+def check_statistics(statistics: pd.DataFrame, ledger: pd.DataFrame) -> list[str]:
+    """Statistics of private data must be privatized (or belong to a non-private run) and name a task vector
+    the ledger holds."""
+    problems = []
+    released = set(ledger["task"].astype(str) + "|" + ledger["backbone"].astype(str))
+    for row in statistics.itertuples():
+        if row.source == "private" and row.method != "nonprivate" and pd.isna(row.total_epsilon):
+            problems.append(f"{row.path}: private statistics of task {row.task} without a composed budget")
+        if f"{row.task}|{row.backbone}" not in released:
+            problems.append(f"{row.path}: statistics of task {row.task} whose task vector is not in the ledger")
+    return problems
+
+
+def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None) -> str:
     lines = ["# Privacy ledger", "", f"{len(ledger)} released task vectors.", ""]
     lines += ["## Release groups (parallel composition over disjoint task datasets)", ""]
     lines += ["| backbone | method | target eps | seed | tasks | max spent eps | max delta |", "|---|---|---|---|---|---|---|"]
@@ -58,6 +91,18 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str]) -> str:
         lines.append(
             f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {len(group)} | {spent:.4f} | {delta:.3g} |"
         )
+    if statistics is not None and len(statistics):
+        lines += ["", "## Merge statistics (RegMean Grams, Fisher)", "",
+                  "Public statistics read only examples held out of private training (no privacy cost). Private "
+                  "ones are clipped and noised, and compose with the task's fine-tuning: the total is the task's "
+                  "budget once that merge is released.", "",
+                  "| file | kind | source | method | target eps | task | examples | sigma | total eps |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for row in statistics.itertuples():
+            total = "--" if pd.isna(row.total_epsilon) else f"{_as_float(row.total_epsilon):.4f}"
+            sigma = "--" if pd.isna(row.noise_multiplier) else f"{float(row.noise_multiplier):.3f}"
+            lines.append(f"| {row.path} | {row.kind} | {row.source} | {row.method} | {row.target_epsilon} | "
+                         f"{row.task} | {row.examples} | {sigma} | {total} |")
     lines += ["", "## Check", ""]
     lines += [f"- FAIL: {p}" for p in problems] or ["- every record complete and within its budget: PASS"]
     return "\n".join(lines) + "\n"

@@ -45,6 +45,7 @@ the same reason.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import random
@@ -106,6 +107,10 @@ class TaskData:
     train_labels: np.ndarray
     test_inputs: object
     test_labels: np.ndarray
+    # Held out of private training by load_task(public_examples=P): data a merge may use freely (RegMean Grams,
+    # Fisher) without spending privacy budget. Empty unless asked for.
+    public_inputs: object = ()
+    public_labels: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 # Constant seed for everything that defines a task's fixed split; combined
@@ -297,14 +302,18 @@ def _check_count(value: int | None, what: str) -> None:
         raise ValueError(f"{what} must be None (no cap) or a positive integer, got {value!r}")
 
 
-def _subset_indices(n: int, limit: int | None, rng: np.random.Generator) -> np.ndarray:
-    # Always draw the full permutation so that the chosen subset for a given
-    # seed does not depend on how many examples exist beyond ``limit``, and
-    # smaller limits give nested subsets.
+def _subset_indices(n: int, limit: int | None, rng: np.random.Generator, held_out: int = 0):
+    """(subset, held-out) indices: the last `held_out` of a seeded permutation are set aside, the subset is the
+    first `limit` of the rest.
+
+    The full permutation is always drawn, so the subset for a given seed does not depend on how many examples
+    exist beyond ``limit``, smaller limits give nested subsets, and held_out = 0 leaves the subset as before.
+    """
     perm = rng.permutation(n)
+    kept, held = perm[: n - held_out], perm[n - held_out :]
     if limit is not None:
-        perm = perm[: min(limit, n)]
-    return np.sort(perm)
+        kept = kept[: min(limit, len(kept))]
+    return np.sort(kept), np.sort(held)
 
 
 def _take(raw: Any, idx: np.ndarray) -> Any:
@@ -320,6 +329,7 @@ def load_task(
     max_train: int | None = None,
     max_test: int | None = None,
     seed: int = 0,
+    public_examples: int = 0,
 ) -> TaskData:
     """Load task ``name`` (a key of :data:`TASKS`).
 
@@ -327,6 +337,8 @@ def load_task(
     ``max_train`` / ``max_test`` (None = everything) keep a seeded random
     subset of the task's fixed train / test split; ``seed`` picks that subset
     and nothing else, so the full split is identical for every seed.
+    ``public_examples`` sets that many training examples aside (seeded, disjoint from the private training
+    subset whatever ``max_train`` is) as public data for data-dependent merge operators.
     Raises ValueError for an unknown name or invalid argument.
     """
     if name not in TASKS:
@@ -340,8 +352,17 @@ def load_task(
     full = _full_split(name)
     # Separate streams for train and test so that max_train never changes
     # which test examples are drawn, and vice versa.
-    train_idx = _subset_indices(len(full.train_labels), max_train, np.random.default_rng([seed, 0]))
-    test_idx = _subset_indices(len(full.test_labels), max_test, np.random.default_rng([seed, 1]))
+    if isinstance(public_examples, bool) or not isinstance(public_examples, (int, np.integer)) or public_examples < 0:
+        raise ValueError(f"public_examples must be a non-negative integer, got {public_examples!r}")
+    if public_examples >= len(full.train_labels):
+        raise ValueError(
+            f"task {name!r} has {len(full.train_labels)} training examples; public_examples={public_examples} "
+            "would leave none for private training"
+        )
+    train_idx, public_idx = _subset_indices(
+        len(full.train_labels), max_train, np.random.default_rng([seed, 0]), held_out=public_examples
+    )
+    test_idx, _ = _subset_indices(len(full.test_labels), max_test, np.random.default_rng([seed, 1]))
     return TaskData(
         spec=spec,
         class_names=list(full.class_names),
@@ -349,6 +370,8 @@ def load_task(
         train_labels=full.train_labels[train_idx].astype(np.int64),
         test_inputs=full.render(_take(full.test_raw, test_idx), int(image_size)),
         test_labels=full.test_labels[test_idx].astype(np.int64),
+        public_inputs=full.render(_take(full.train_raw, public_idx), int(image_size)) if len(public_idx) else (),
+        public_labels=full.train_labels[public_idx].astype(np.int64),
     )
 
 

@@ -9,7 +9,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 from dpmerge.backbones import BACKBONES
 from dpmerge.methods import METHODS
-from dpmerge.merging import OPERATORS
+from dpmerge.merging import NEEDS_STATISTICS, OPERATORS
 from dpmerge.tasks import TASKS
 
 RESULTS = config["results"]
@@ -38,7 +38,7 @@ for _name, _backbone in config["backbones"].items():
                 f"backbones.{_name}.tasks: {_task!r} is a {TASKS[_task].modality} task, "
                 f"but {_backbone['kind']!r} is a {_modality} backbone"
             )
-_MERGE_META_KEYS = ("operator", "vectors")
+_MERGE_META_KEYS = ("operator", "vectors", "statistics")
 
 
 def merge_operator(name):
@@ -55,6 +55,20 @@ for _name in config["merge"]:
             f"merge.{_name}: no operator named {merge_operator(_name)!r}; give `operator:` one of "
             f"{', '.join(OPERATORS)}"
         )
+    _statistics = config["merge"][_name].get("statistics")
+    if merge_operator(_name) in NEEDS_STATISTICS:
+        if _statistics is None:
+            _config_error(
+                f"merge.{_name}: {merge_operator(_name)} needs data statistics; add statistics: "
+                "{data: public} (examples held out of private training, see data.public_examples) or "
+                "{data: private, clip_norm: C, epsilon: E} (privatized, composed with each task's budget)"
+            )
+        if _statistics["data"] == "public" and not config["data"]["public_examples"]:
+            _config_error(f"merge.{_name}.statistics.data: public needs data.public_examples > 0")
+        if _statistics["data"] == "private" and not {"clip_norm", "epsilon"} <= set(_statistics):
+            _config_error(f"merge.{_name}.statistics: data: private needs clip_norm and epsilon")
+    elif _statistics is not None:
+        _config_error(f"merge.{_name}.statistics: {merge_operator(_name)} uses no data statistics")
     _defaults = OPERATORS[merge_operator(_name)].defaults
     _unknown = set(merge_hyperparameters(_name)) - set(_defaults)
     if _unknown:
@@ -184,6 +198,7 @@ INTERPOLATION = result("diagnostics/interpolation/{backbone}/{eps}/{method}/{see
 TABLE1 = result("tables/table1_{backbone}_{eps}")
 FIGURE_INTERPOLATION = result("figures/interpolation_{backbone}_{eps}")
 LEDGER_TABLE = result("privacy/ledger.parquet")
+LEDGER_STATISTICS = result("privacy/merge_statistics.parquet")
 LEDGER_REPORT = result("privacy/ledger.md")
 
 
@@ -243,6 +258,40 @@ def operator_params(wildcards):
              f"--name {name}"]
     flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(merge_hyperparameters(name).items())]
     return " ".join(flags)
+
+
+STATISTICS = result("statistics/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors")
+
+
+def merge_statistics_files(wildcards):
+    """The statistics a merge reads (RegMean, Fisher), or none."""
+    if merge_operator(wildcards.operator) not in NEEDS_STATISTICS:
+        return []
+    return [STATISTICS.format(**wildcards)]
+
+
+def merge_statistics_flag(wildcards):
+    files = merge_statistics_files(wildcards)
+    return f"--statistics {files[0]}" if files else ""
+
+
+def statistics_params(wildcards):
+    name = wildcards.operator
+    settings = config["merge"][name]["statistics"]
+    flags = [f"--kind {NEEDS_STATISTICS[merge_operator(name)]}", f"--source {settings['data']}",
+             f"--examples {settings.get('examples', 256)}", f"--seed {seed_number(wildcards)}"]
+    if settings["data"] == "private":
+        flags += [f"--clip-norm {settings['clip_norm']}", f"--epsilon {settings['epsilon']}"]
+    return " ".join(flags)
+
+
+def all_statistics():
+    return [
+        STATISTICS.format(operator=name, **g)
+        for g in release_grid()
+        for name in config["merge"]
+        if merge_operator(name) in NEEDS_STATISTICS
+    ]
 
 
 def interpolation_merged_model(wildcards):

@@ -28,6 +28,7 @@ rule prepare:
         max_train=config["data"]["max_train"] or 0,
         max_test=config["data"]["max_test"] or 0,
         seed=config["data"]["seed"],
+        public=config["data"]["public_examples"],
     log:
         result("logs/prepare/{backbone}/{task}.log"),
     benchmark:
@@ -39,7 +40,7 @@ rule prepare:
     shell:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
-        "--data-seed {params.seed} --threads {threads} --out {output} > {log} 2>&1"
+        "--data-seed {params.seed} --public-examples {params.public} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule finetune:
@@ -72,9 +73,11 @@ rule finetune:
 
 rule privacy_ledger:
     input:
-        all_task_vectors(),
+        vectors=all_task_vectors(),
+        statistics=all_statistics(),
     output:
         table=LEDGER_TABLE,
+        statistics=LEDGER_STATISTICS,
         report=LEDGER_REPORT,
     log:
         result("logs/privacy_ledger.log"),
@@ -83,4 +86,5 @@ rule privacy_ledger:
         mem_mb=1000,
         runtime="10m",
     shell:
-        "dpmerge ledger {input} --out {output.table} --report {output.report} > {log} 2>&1"
+        "dpmerge ledger {input.vectors} --statistics {input.statistics} --out {output.table} "
+        "--statistics-out {output.statistics} --report {output.report} > {log} 2>&1"

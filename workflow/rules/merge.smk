@@ -2,14 +2,41 @@
 # individual and merged model on every task's test set.
 
 
+rule merge_statistics:
+    input:
+        base=PRETRAINED,
+        vectors=per_task(TV),
+        heads=per_task(HEAD),
+        data=per_task(DATA),
+    output:
+        STATISTICS,
+    params:
+        spec=backbone_spec,
+        flags=statistics_params,
+    log:
+        result("logs/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
+    benchmark:
+        result("benchmarks/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime="1h",
+    shell:
+        "dpmerge statistics {params.flags} --backbone-spec {params.spec:q} --base {input.base} "
+        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
+        "-o {output} > {log} 2>&1"
+
+
 rule merge:
     input:
         base=PRETRAINED,
         vectors=per_task(TV),
+        statistics=merge_statistics_files,
     output:
         MERGED,
     params:
         hyper=operator_params,
+        statistics=merge_statistics_flag,
     log:
         result("logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
@@ -19,7 +46,7 @@ rule merge:
         mem_mb=4000,
         runtime="1h",
     shell:
-        "dpmerge merge {params.hyper} --base {input.base} "
+        "dpmerge merge {params.hyper} {params.statistics} --base {input.base} "
         "-o {output} {input.vectors} > {log} 2>&1"
 
 

@@ -1,0 +1,154 @@
+"""Data-dependent merge statistics, computed honestly: on public data, or privatized and accounted.
+
+RegMean (Jin et al., ICLR 2023) needs, per linear layer and task, the Gram matrix X^T X of the layer's inputs
+in the task's fine-tuned model; Fisher merging (Matena & Raffel, NeurIPS 2022) needs each task model's diagonal
+Fisher information. Both come from data, so they are either
+
+- computed on *public* data: the training examples `dpmerge prepare --public-examples` held out of private
+  training (disjoint from every private training subset by construction), at no privacy cost; or
+- computed on the task's *private* training data and privatized: each example's whole contribution (all
+  layers' Gram contributions, or its Fisher contribution vector) is clipped jointly to L2 norm C, the sum gets
+  Gaussian noise N(0, sigma^2 C^2) per entry, and the release is accounted as one Gaussian mechanism (sample
+  rate 1, one step) composed with that task's fine-tuning (privacy.composed_epsilon); the total is recorded.
+
+Statistics are means over the examples used (the count is public: it is part of every privacy record).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpmerge.backbones import Backbone, TaskModel
+
+KINDS = ("gram", "fisher")
+SOURCES = ("public", "private")
+
+
+def regmean_layers(backbone: Backbone) -> dict[str, nn.Module]:
+    """Trainable layers RegMean solves in closed form, by weight name: linear layers, and 1x1 convolutions
+    (a linear layer applied at every position). Other trainable tensors are averaged."""
+    layers = {}
+    for name, module in backbone.network.named_modules():
+        weight = getattr(module, "weight", None)
+        if weight is None or not weight.requires_grad:
+            continue
+        pointwise = (isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1) and module.groups == 1
+                     and module.stride == (1, 1) and module.padding in ((0, 0), "valid"))
+        if isinstance(module, nn.Linear) or pointwise:
+            layers[f"{name}.weight" if name else "weight"] = module
+    return layers
+
+
+def _input_rows(recorded: torch.Tensor, module: nn.Module, token_weights: torch.Tensor | None) -> torch.Tensor:
+    """A layer's inputs as (B, positions, in): one row per token or spatial position, padding zeroed."""
+    if isinstance(module, nn.Conv2d):
+        rows = recorded.flatten(2).transpose(1, 2)
+    else:
+        rows = recorded.reshape(recorded.shape[0], -1, recorded.shape[-1])
+    if token_weights is not None and rows.shape[1] == token_weights.shape[1]:
+        rows = rows * token_weights[:, :, None].to(rows.dtype)
+    return rows
+
+
+def _noise_like(tensor: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    return std * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+
+
+@torch.no_grad()
+def gram_statistics(
+    backbone: Backbone,
+    features: tuple[torch.Tensor, ...],
+    clip_norm: float | None = None,
+    noise_multiplier: float = 0.0,
+    generator: torch.Generator | None = None,
+    batch_size: int = 32,
+) -> dict[str, torch.Tensor]:
+    """Mean over examples of each RegMean layer's input Gram sum_positions x x^T (backbone top as loaded).
+
+    With clip_norm, example e's contributions {X_e^T X_e} over all layers are scaled jointly to Frobenius norm
+    <= clip_norm (the norm via ||X^T X||_F = ||X X^T||_F, never forming per-example in x in matrices), and each
+    summed Gram gets symmetric Gaussian noise of std noise_multiplier * clip_norm per entry before the mean.
+    """
+    layers = regmean_layers(backbone)
+    recorded: dict[str, torch.Tensor] = {}
+    hooks = [module.register_forward_hook(lambda m, args, out, key=key: recorded.__setitem__(key, args[0].detach()))
+             for key, module in layers.items()]
+    sums: dict[str, torch.Tensor] = {}
+    count = features[0].shape[0]
+    try:
+        for start in range(0, count, batch_size):
+            batch = tuple(f[start:start + batch_size] for f in features)
+            recorded.clear()
+            backbone.top(*batch)
+            weights = backbone.token_weights(*batch)
+            rows = {key: _input_rows(recorded[key], layers[key], weights) for key in layers}
+            if clip_norm is not None:
+                squared = sum((x @ x.transpose(1, 2)).square().sum((1, 2)) for x in rows.values())
+                scale = (clip_norm / squared.sqrt().clamp(min=1e-12)).clamp(max=1.0)
+                rows = {key: x * scale.sqrt()[:, None, None] for key, x in rows.items()}
+            for key, x in rows.items():
+                flat = x.reshape(-1, x.shape[-1])
+                sums[key] = sums.get(key, 0) + flat.T @ flat
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if clip_norm is not None and noise_multiplier > 0:
+        for key, total in sums.items():
+            noise = _noise_like(total, noise_multiplier * clip_norm, generator)
+            sums[key] = total + (noise + noise.T) / 2  # noise on every entry, symmetrised (post-processing)
+    return {key: total / count for key, total in sums.items()}
+
+
+def fisher_statistics(
+    backbone: Backbone,
+    head: dict[str, torch.Tensor],
+    features: tuple[torch.Tensor, ...],
+    clip_norm: float | None = None,
+    noise_multiplier: float = 0.0,
+    generator: torch.Generator | None = None,
+    batch_size: int = 16,
+) -> dict[str, torch.Tensor]:
+    """Mean over examples of the diagonal Fisher of the task model (top as loaded + head) for every trainable
+    top parameter: E_x sum_y p(y|x) (d log p(y|x) / d theta)^2, the expectation over the model's own predictive
+    distribution taken exactly (no labels needed, so public data may be unlabelled).
+
+    With clip_norm, each example's contribution vector (all parameters) is scaled to L2 norm <= clip_norm, and
+    the sum gets Gaussian noise of std noise_multiplier * clip_norm per entry; negative noisy values are set
+    to 0 (post-processing).
+    """
+    model = TaskModel(backbone, head["weight"].shape[0])
+    model.head.load_state_dict(head)
+    prefix = "backbone_network."
+    trainable = {prefix + name: p.detach() for name, p in backbone.network.named_parameters() if p.requires_grad}
+
+    def log_probs(params, *example):
+        logits = torch.func.functional_call(model, params, tuple(t.unsqueeze(0) for t in example))
+        return F.log_softmax(logits, dim=-1)[0]
+
+    def class_gradient(params, label, *example):
+        return torch.func.grad(lambda p: log_probs(p, *example)[label])(params)
+
+    per_example_gradient = torch.func.vmap(class_gradient, in_dims=(None, None) + (0,) * len(features))
+    sums = {name: torch.zeros_like(p) for name, p in trainable.items()}
+    count = features[0].shape[0]
+    for start in range(0, count, batch_size):
+        batch = tuple(f[start:start + batch_size] for f in features)
+        with torch.no_grad():
+            probabilities = torch.func.vmap(lambda *x: log_probs(trainable, *x).exp())(*batch)  # (B, classes)
+        contribution = {name: torch.zeros((batch[0].shape[0], *p.shape)) for name, p in trainable.items()}
+        for label in range(probabilities.shape[1]):
+            grads = per_example_gradient(trainable, label, *batch)
+            weight = probabilities[:, label]
+            for name, g in grads.items():
+                contribution[name] += weight.reshape(-1, *([1] * (g.ndim - 1))) * g.detach().square()
+        if clip_norm is not None:
+            squared = sum(c.flatten(1).square().sum(1) for c in contribution.values())
+            scale = (clip_norm / squared.sqrt().clamp(min=1e-12)).clamp(max=1.0)
+            contribution = {n: c * scale.reshape(-1, *([1] * (c.ndim - 1))) for n, c in contribution.items()}
+        for name, c in contribution.items():
+            sums[name] += c.sum(0)
+    if clip_norm is not None and noise_multiplier > 0:
+        sums = {n: (s + _noise_like(s, noise_multiplier * clip_norm, generator)).clamp(min=0) for n, s in sums.items()}
+    return {name.removeprefix(prefix): total / count for name, total in sums.items()}
