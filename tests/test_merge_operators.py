@@ -7,6 +7,11 @@ import torch
 from dpmerge.merging import (
     OPERATORS,
     consensus_ta,
+    dts_dequantize,
+    dts_quantize,
+    is_part,
+    part_bits,
+    personal_vector,
     fisher,
     regmean,
     iso_c,
@@ -202,7 +207,7 @@ def test_difference_vectors_of_averaging_and_task_arithmetic_are_the_average():
             assert torch.allclose(merged[key], average[key], atol=1e-6), (name, key)
 
 
-@pytest.mark.parametrize("name", sorted(OPERATORS))
+@pytest.mark.parametrize("name", sorted(n for n, op in OPERATORS.items() if not op.task_vectors_only))
 def test_difference_vectors_of_identical_tasks_return_that_task(name):
     vector = {"w": randn(5, 4, seed=1), "b": randn(5, seed=2)}
     statistics = {"regmean": [{"w": torch.eye(4)}] * 3, "fisher": [{"w": torch.ones(5, 4), "b": torch.ones(5)}] * 3}
@@ -271,3 +276,69 @@ def test_statistics_operators_refuse_to_run_without_statistics():
         merge("regmean", [{"w": randn(2, 2)}])
     with pytest.raises(ValueError, match="fisher: the Fisher statistics lack tensors the task vectors have: \\['b'\\]"):
         fisher([{"w": randn(2), "b": randn(2)}], [{"w": torch.ones(2)}])
+
+
+# ---- personalized merges: EMR, TALL masks, DTS
+
+
+def task_models(name, vectors, vectors_kind="task", **hyper):
+    stored = merge(name, vectors, vectors_kind, **hyper)
+    shared = {k: v for k, v in stored.items() if not is_part(k)}
+    parts = {k: v for k, v in stored.items() if is_part(k)}
+    return [personal_vector(name, shared, parts, t, **hyper) for t in range(len(vectors))]
+
+
+def test_emr_by_hand():
+    vectors = [{"w": torch.tensor([1.0, -2.0, 0.5])}, {"w": torch.tensor([2.0, 1.0, -1.0])}]
+    # sum [3, -1, -0.5] elects signs [+, -, -]; largest agreeing magnitudes give tau_uni = [2, -2, -1];
+    # masks [1, 1, 0] and [1, 0, 1]; rescalers 3.5 / 4 and 4 / 3
+    first, second = task_models("emr", vectors)
+    assert torch.allclose(first["w"], 0.875 * torch.tensor([2.0, -2.0, 0.0]))
+    assert torch.allclose(second["w"], 4 / 3 * torch.tensor([2.0, 0.0, -1.0]))
+
+
+def test_tall_masks_give_each_task_the_sum_where_its_own_update_dominates():
+    vectors = [{"w": torch.tensor([1.0, 0.0, 2.0, 0.1])}, {"w": torch.tensor([1.0, 3.0, -2.0, 0.0])}]
+    first, second = task_models("tall_masks", vectors, tall_mask_lambda=0.5)
+    # sum [2, 3, 0, 0.1]; task 0 keeps j where |tau_0| > 0.5 |sum - tau_0| = [0.5, 1.5, 1, 0]: [T, F, T, T]
+    assert torch.equal(first["w"], torch.tensor([2.0, 0.0, 0.0, 0.1]))
+    assert torch.equal(second["w"], torch.tensor([2.0, 3.0, 0.0, 0.0]))
+
+
+def test_dts_quantization_by_hand():
+    codes, scales = dts_quantize(torch.tensor([8.0, 3.0, 10.0, 2.0, -1.0, -5.0]))
+    # positives split at their median 3: large {8, 10} -> 9, small {3, 2} -> 2.5; negatives at 1: {5}, {1}
+    assert torch.equal(dts_dequantize(codes, scales), torch.tensor([9.0, 2.5, 9.0, 2.5, -1.0, -5.0]))
+    assert codes.max() <= 3  # two bits
+
+
+def test_dts_reconstruction_error_falls_as_the_rank_fraction_grows():
+    full_rank = randn(40, 30, seed=5)
+    low_rank = randn(40, 6, seed=1) @ randn(6, 30, seed=2) + 0.05 * randn(40, 30, seed=3)
+    vectors = [{"w": full_rank, "b": randn(40, seed=4)}, {"w": low_rank, "b": randn(40, seed=6)}]
+    errors = {0: [], 1: []}
+    for fraction in (0.05, 0.2, 0.5, 1.0):
+        models = task_models("dts", vectors, rank_fraction=fraction)
+        for t in (0, 1):
+            errors[t].append(float((models[t]["w"] - vectors[t]["w"]).norm() / vectors[t]["w"].norm()))
+    assert all(later < earlier for earlier, later in zip(errors[0], errors[0][1:])), errors[0]
+    # rank 6 of 30 holds the low-rank task's signal: beyond r = 0.2 only 2-bit coding error remains
+    assert errors[1][1] < 0.55 and errors[1][1] < errors[1][0]
+
+
+def test_dts_on_difference_vectors_rebuilds_around_the_average():
+    vectors = [{"w": randn(6, 5, seed=s)} for s in range(3)]
+    average = weight_averaging(vectors)["w"]
+    exact = task_models("dts", vectors, "difference", rank_fraction=1.0)
+    for vector, model in zip(vectors, exact):
+        # the reference is the average; the residual is approximated (2-bit singular vectors)
+        assert (model["w"] - vector["w"]).norm() < (average - vector["w"]).norm()
+
+
+def test_personalized_storage_per_task_is_counted_in_bits():
+    # a 100 x 100 weight at r = 0.3: 30 singular values (32 bits), 2-bit codes for 100 x 30 + 30 x 100 entries,
+    # and 2 x 4 group scales
+    assert part_bits("dts", (100, 100), torch.float32, rank_fraction=0.3) == 2 * 6000 + 32 * 30 + 32 * 8
+    assert part_bits("emr", (100, 100), torch.float32) == 10_000 + 32  # a 1-bit mask and the rescaler
+    with pytest.raises(ValueError, match="emr is defined on task vectors only"):
+        merge("emr", [{"w": randn(2)}], "difference")

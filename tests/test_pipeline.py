@@ -35,7 +35,8 @@ TINY = {
     "finetune": {"epochs": 0.4, "batch_size": 8, "lr": 0.001},
     "merge": {"weight_averaging": {}, "ties": {"density": 0.2},
               "regmean": {"statistics": {"data": "public", "examples": 16}},
-              "fisher": {"statistics": {"data": "private", "examples": 32, "clip_norm": 0.01, "epsilon": 1.0}}},
+              "fisher": {"statistics": {"data": "private", "examples": 32, "clip_norm": 0.01, "epsilon": 1.0}},
+              "dts_difference": {"operator": "dts", "vectors": "difference", "rank_fraction": 0.5}},
     "diagnostics": {"interpolation": {"operator": "weight_averaging", "points": 3, "max_examples": 24}},
 }
 
@@ -123,7 +124,12 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     _, fisher_meta = load_tensors(results / "merged/effnet/eps4/naive_dp/s0/fisher.safetensors")
     assert fisher_meta["release_epsilon"] == max(r["total_epsilon"] for r in fisher_meta["statistics"]["records"])
     assert "Merge statistics" in (results / "privacy/ledger.md").read_text()
-    assert {"DP + RegMean", "DP-Merging + Fisher"} <= set(table.index)
+    assert {"DP + RegMean", "DP-Merging + Fisher", "DP + DTS-D (per-task models)"} <= set(table.index)
+    # DTS-D: one model per task, each scored on its own task; the extra storage per task is recorded
+    _, dts_meta = load_tensors(results / "merged/effnet/eps4/dp_merging/s0/dts_difference.safetensors")
+    assert 0 < dts_meta["personalized"]["extra_storage_per_task"] < 1
+    dts_scores = pd.read_parquet(results / "scores/merged/effnet/eps4/dp_merging/s0/dts_difference.parquet")
+    assert sorted(dts_scores["task"]) == ["digits", "textures"] and (dts_scores["model"] == "dts_difference").all()
 
     drift = pd.read_parquet(results / "diagnostics/drift/effnet/eps4/naive_dp/s0.parquet")
     assert (drift["drift"] > 0).all() and drift["mean_drift"].iloc[0] == pytest.approx(drift["drift"].mean())
@@ -174,6 +180,9 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
          "merge.fisher.statistics: data: private needs clip_norm and epsilon"),
         (lambda c: c["merge"]["ties"].update(statistics={"data": "public"}),
          "merge.ties.statistics: ties uses no data statistics"),
+        (lambda c: c["merge"].update(emr={"vectors": "difference"}), "merge.emr.vectors: emr is defined on task vectors only"),
+        (lambda c: c["diagnostics"]["interpolation"].update(operator="dts_difference"),
+         "'dts_difference' gives one model per task"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
         (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),

@@ -175,7 +175,10 @@ def _common(metas: list[dict], key: str, what: str):
 
 
 def cmd_merge(args) -> None:
-    from dpmerge.merging import NEEDS_STATISTICS, OPERATORS, SafetensorsSource, check_same_structure, merge_stream
+    from dpmerge.merging import (
+        NEEDS_STATISTICS, OPERATORS, SafetensorsSource, check_same_structure, is_part, is_personalized,
+        merge_stream, part_bits, stored_layout,
+    )
     from dpmerge.taskvectors import (
         LazySafetensors, check_privacy_record, file_tensors_sha256, read_metadata, write_tensors_streaming,
     )
@@ -206,7 +209,7 @@ def cmd_merge(args) -> None:
         # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
         # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
         merged_model = (
-            (key, base.get_tensor(key) + merged.to(base.dtype(key)))
+            (key, merged if is_part(key) else base.get_tensor(key) + merged.to(base.dtype(key)))
             for key, merged in merge_stream(args.method, source, args.vectors, **params)
         )
         name = args.name or (args.method if args.vectors == "task" else f"{args.method}_{args.vectors}")
@@ -236,6 +239,16 @@ def cmd_merge(args) -> None:
                 meta["release_epsilon"] = max((r["total_epsilon"] for r in statistics_meta["records"]),
                                               key=lambda e: float(e))
         layout = {key: (base.dtype(key), base.shape(key)) for key in source.keys()}
+        if is_personalized(args.method):
+            # One model per task at evaluation: the shared tensors (a loadable model) plus per-task parts.
+            extra = sum(part_bits(args.method, shape, dtype, **params) for dtype, shape in layout.values())
+            model = sum(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() * 8
+                        for dtype, shape in layout.values())
+            meta["personalized"] = {"extra_bits_per_task": extra, "model_bits": model,
+                                    "extra_storage_per_task": extra / model}
+            _log(f"[merge] {args.method}: {extra / 8 / 2**20:.2f} MiB per task beside the shared model "
+                 f"({100 * extra / model:.1f} % of one model)")
+        layout = stored_layout(args.method, layout, len(metas), **params)
         write_tensors_streaming(args.out, layout, merged_model, meta)
     except ValueError as error:
         raise SystemExit(f"error: {error}")  # nothing written: the output appears only complete
@@ -393,9 +406,29 @@ def cmd_evaluate(args) -> None:
                  f"{result['metric']}={result['score']:.2f} loss={result['loss']:.4f}")
 
     if args.merged:
+        from dpmerge.merging import is_part, is_personalized, personal_vector
+
         merged, merged_meta = load_tensors(args.merged)
-        backbone.load_top_state(merged)
-        score_all_tasks(merged_meta.get("merge_name", merged_meta["operator"]), "merged")
+        label = merged_meta.get("merge_name", merged_meta["operator"])
+        if is_personalized(merged_meta["operator"]):
+            # Task t is served by its own model w0 + reconstruct(shared, parts of t) (the task is known at test
+            # time, as EMR, TALL masks and DTS assume); each model is scored on its own task only.
+            shared = {k: v - base[k] for k, v in merged.items() if not is_part(k)}
+            parts = {k: v for k, v in merged.items() if is_part(k)}
+            order = merged_meta["tasks"]
+            for head, meta, prepared in tasks:
+                vector = personal_vector(merged_meta["operator"], shared, parts, order.index(prepared["task"]),
+                                         **merged_meta["hyperparameters"])
+                backbone.load_top_state({name: base[name] + vector[name] for name in base})
+                result = evaluate_head(backbone, head, tuple(prepared["test_features"]), prepared["test_labels"],
+                                       prepared["task_spec"]["metric"])
+                rows.append({**_identity(meta), "model": label, "source_task": "merged", "task": prepared["task"],
+                             **result})
+                _log(f"[evaluate] {label} (own model) on {prepared['task']}: "
+                     f"{result['metric']}={result['score']:.2f} loss={result['loss']:.4f}")
+        else:
+            backbone.load_top_state(merged)
+            score_all_tasks(label, "merged")
     else:
         if len(args.task_vectors or []) != len(tasks):
             raise SystemExit("error: individual evaluation needs one --task-vectors file per --heads file")

@@ -169,6 +169,12 @@ class Operator:
     citation: str = ""
     statistics: Callable[..., object] | None = None
     check: Callable[..., None] | None = None  # validates hyperparameters before anything is read
+    # Personalized operators (EMR, TALL masks, DTS) keep per-task parts beside the shared tensor: per_tensor
+    # returns (shared, [parts of task t]), parts_layout(shape, dtype, **hyper) gives each part's (dtype, shape)
+    # and reconstruct(shared, parts, **hyper) rebuilds task t's vector. Stored as PERSONAL/<t>/<part>/<name>.
+    parts_layout: Callable[..., dict] | None = None
+    reconstruct: Callable[..., torch.Tensor] | None = None
+    task_vectors_only: bool = False  # its reconstruction is defined on task vectors, not difference vectors
 
 
 def _weight_averaging_tensor(key, tensors, stats):
@@ -534,6 +540,153 @@ def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreem
     return scaling * torch.where(consensus, summed, torch.zeros_like(summed))
 
 
+# ---- Personalized merging: a shared tensor plus light per-task parts, one model per task at evaluation
+
+PERSONAL = "personal"
+
+
+def _mask_layout(shape, dtype, **_):
+    return {"mask": (torch.uint8, tuple(shape))}
+
+
+def _emr_statistics(source: VectorSource):
+    """Per-task rescalers lambda_t = sum|tau_t| / sum|M_t * tau_uni| over the whole vector (streamed)."""
+    own = torch.zeros(len(source), dtype=torch.float64)
+    kept = torch.zeros(len(source), dtype=torch.float64)
+    for key in source.keys():
+        tensors = source.tensors(key)
+        unified, masks = _emr_unified(tensors)
+        own += torch.stack([t.double().abs().sum() for t in tensors])
+        kept += torch.stack([(m * unified).double().abs().sum() for m in masks])
+    return [float(o / k) if k > 0 else 0.0 for o, k in zip(own, kept)]
+
+
+def _emr_unified(tensors):
+    """EMR's elect step: sign of the sum, then per entry the largest |tau_t| among tasks of that sign; masks
+    M_t = (tau_t * tau_uni > 0)."""
+    stacked = torch.stack(tensors)
+    sign = torch.sign(stacked.sum(0))
+    agreeing = torch.where(torch.sign(stacked) == sign, stacked.abs(), torch.zeros_like(stacked))
+    unified = sign * agreeing.max(0).values
+    return unified, [(t * unified > 0) for t in tensors]
+
+
+def _emr_tensor(key, tensors, rescalers):
+    unified, masks = _emr_unified(tensors)
+    parts = [{"mask": m.to(torch.uint8), "scale": torch.tensor(r, dtype=tensors[0].dtype)}
+             for m, r in zip(masks, rescalers)]
+    return unified, parts
+
+
+def _emr_layout(shape, dtype, **_):
+    return {"mask": (torch.uint8, tuple(shape)), "scale": (dtype, ())}
+
+
+def _emr_reconstruct(shared, parts):
+    return parts["scale"] * parts["mask"].to(shared.dtype) * shared
+
+
+def _tall_tensor(key, tensors, stats, tall_mask_lambda):
+    summed = torch.stack(tensors).sum(0)
+    return summed, [{"mask": m.to(torch.uint8)} for m in tall_masks(tensors, tall_mask_lambda)]
+
+
+def _tall_check(tall_mask_lambda):
+    if not tall_mask_lambda >= 0:
+        raise ValueError(f"tall_masks tall_mask_lambda must be >= 0, got {tall_mask_lambda}")
+
+
+def _mask_reconstruct(shared, parts, **_):
+    return parts["mask"].to(shared.dtype) * shared
+
+
+# DTS: per task, truncated SVD (a fraction r of the singular values) with 2-bit codes for U and V: sign, and
+# above/below the median magnitude of that sign; each of the four groups is decoded as its mean |value|.
+
+
+def _dts_check(rank_fraction, include_conv=True):
+    if not 0 < rank_fraction <= 1:
+        raise ValueError(f"dts rank_fraction must be in (0, 1], got {rank_fraction}")
+    _include_conv_check(include_conv)
+
+
+def _dts_rank(shape, rank_fraction):
+    return max(1, int(round(rank_fraction * min(shape[0], int(torch.Size(shape[1:]).numel())))))
+
+
+def _dts_layout(shape, dtype, rank_fraction, include_conv):
+    if len(shape) == 2 or (include_conv and len(shape) == 4):
+        rows, cols = shape[0], int(torch.Size(shape[1:]).numel())
+        k = _dts_rank(shape, rank_fraction)
+        return {"u_codes": (torch.uint8, (rows, k)), "u_scales": (dtype, (4,)), "s": (dtype, (k,)),
+                "v_codes": (torch.uint8, (k, cols)), "v_scales": (dtype, (4,))}
+    return {"codes": (torch.uint8, tuple(shape)), "scales": (dtype, (4,))}
+
+
+def dts_quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """2-bit codes (0/1: positive small/large, 2/3: negative small/large, split at the median magnitude of each
+    sign) and the four groups' mean |value| (the L2-optimal scale of each group)."""
+    flat = values.reshape(-1)
+    codes = torch.zeros(flat.shape, dtype=torch.uint8)
+    scales = torch.zeros(4, dtype=values.dtype)
+    for base, chosen in ((0, flat > 0), (2, flat < 0)):
+        magnitudes = flat[chosen].abs()
+        if magnitudes.numel() == 0:
+            continue
+        large = magnitudes > magnitudes.median()
+        group = torch.full(magnitudes.shape, base, dtype=torch.uint8) + large.to(torch.uint8)
+        codes[chosen] = group
+        for offset in (0, 1):
+            members = magnitudes[group == base + offset]
+            if members.numel():
+                scales[base + offset] = members.mean()
+    codes[flat == 0] = 0  # zeros decode to the smallest positive group: 2 bits cannot say "zero"
+    return codes.reshape(values.shape), scales
+
+
+def dts_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    signs = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=scales.dtype)
+    return (signs * scales)[codes.long()]
+
+
+def _dts_tensor(key, tensors, stats, rank_fraction, include_conv):
+    parts = []
+    for t in tensors:
+        matrix = _matrix_view(t, include_conv)
+        if matrix is None:
+            codes, scales = dts_quantize(t)
+            parts.append({"codes": codes, "scales": scales})
+            continue
+        k = _dts_rank(t.shape, rank_fraction)
+        u, s, vh = torch.linalg.svd(matrix.float(), full_matrices=False)
+        u_codes, u_scales = dts_quantize(u[:, :k])
+        v_codes, v_scales = dts_quantize(vh[:k])
+        dtype = t.dtype
+        parts.append({"u_codes": u_codes, "u_scales": u_scales.to(dtype), "s": s[:k].to(dtype),
+                      "v_codes": v_codes, "v_scales": v_scales.to(dtype)})
+    return torch.zeros_like(tensors[0]), parts
+
+
+def _dts_reconstruct(shared, parts, rank_fraction, include_conv):
+    if "codes" in parts:
+        return shared + dts_dequantize(parts["codes"], parts["scales"])
+    u = dts_dequantize(parts["u_codes"], parts["u_scales"])
+    vh = dts_dequantize(parts["v_codes"], parts["v_scales"])
+    return shared + ((u * parts["s"]) @ vh).reshape(shared.shape)
+
+
+def part_bits(operator: str, shape, dtype, **hyperparameters) -> int:
+    """Deployment storage of one task's parts of one tensor, in bits (masks 1 bit, DTS codes 2 bits per entry,
+    scalars at the tensor's precision)."""
+    spec, hyper = _resolve(operator, hyperparameters)
+    bits = 0
+    float_bits = torch.empty((), dtype=dtype).element_size() * 8
+    for name, (part_dtype, part_shape) in spec.parts_layout(shape, dtype, **hyper).items():
+        count = int(torch.Size(part_shape).numel())
+        bits += count * (1 if name == "mask" else 2 if part_dtype == torch.uint8 else float_bits)
+    return bits
+
+
 # ---- RegMean and Fisher merging (need per-task data statistics; see merge_statistics.py for their privacy)
 
 
@@ -665,6 +818,33 @@ OPERATORS: dict[str, Operator] = {
         statistics=_fisher_statistics,
         check=_fisher_check,
     ),
+    "emr": Operator(
+        lambda key, tensors, rescalers: _emr_tensor(key, tensors, rescalers),
+        {},
+        "Huang et al., NeurIPS 2024 (EMR-merging: elect, mask, rescale; one model per task)",
+        statistics=lambda source: _emr_statistics(source),
+        parts_layout=_emr_layout,
+        reconstruct=lambda shared, parts: _emr_reconstruct(shared, parts),
+        task_vectors_only=True,
+    ),
+    "tall_masks": Operator(
+        _tall_tensor,
+        {"tall_mask_lambda": 0.6},
+        "Wang et al., ICML 2024 (TALL masks: w0 + m_t * sum tau per task)",
+        check=_tall_check,
+        parts_layout=_mask_layout,
+        reconstruct=_mask_reconstruct,
+        task_vectors_only=True,
+    ),
+    "dts": Operator(
+        _dts_tensor,
+        {"rank_fraction": 0.3, "include_conv": True},
+        "DTS (paper-dts-personalized-merging.md): truncated SVD + 2-bit 4-group codes per task; "
+        "DTS-T on task vectors, DTS-D with vectors: difference",
+        check=_dts_check,
+        parts_layout=_dts_layout,
+        reconstruct=_dts_reconstruct,
+    ),
     "consensus_ta": Operator(
         _consensus_tensor,
         {"scaling": 0.3, "tall_mask_lambda": 0.6, "min_agreement": 2},
@@ -739,6 +919,8 @@ def merge_stream(
     spec, hyper = _resolve(operator, hyperparameters)
     if vectors not in VECTOR_KINDS:
         raise ValueError(f"vectors must be one of {', '.join(VECTOR_KINDS)}, got {vectors!r}")
+    if vectors == "difference" and spec.task_vectors_only:
+        raise ValueError(f"{operator} is defined on task vectors only; use vectors: task")
     if vectors == "difference":
         return _merged_differences(spec, hyper, DifferenceSource(source))
     return _merged_tensors(spec, hyper, source)
@@ -746,14 +928,62 @@ def merge_stream(
 
 @torch.no_grad()
 def _merged_tensors(spec: Operator, hyper: dict, source: VectorSource):
+    """(name, tensor) in stored order: each shared tensor, then (personalized operators) every task's parts."""
     stats = spec.statistics(source, **hyper) if spec.statistics is not None else None
     for key in source.keys():
-        yield key, spec.per_tensor(key, source.tensors(key), stats, **hyper)
+        merged = spec.per_tensor(key, source.tensors(key), stats, **hyper)
+        if spec.parts_layout is None:
+            yield key, merged
+            continue
+        shared, parts = merged
+        yield key, shared
+        for index, task_parts in enumerate(parts):
+            for name in spec.parts_layout(source.shape(key), shared.dtype, **hyper):
+                yield part_key(index, name, key), task_parts[name]
+
+
+def part_key(task_index: int, part: str, key: str) -> str:
+    return f"{PERSONAL}/{task_index}/{part}/{key}"
+
+
+def is_part(key: str) -> bool:
+    return key.startswith(PERSONAL + "/")
 
 
 def _merged_differences(spec: Operator, hyper: dict, source: DifferenceSource):
     for key, merged in _merged_tensors(spec, hyper, source):
-        yield key, source.mean(key) + merged
+        yield key, merged if is_part(key) else source.mean(key) + merged
+
+
+def stored_layout(operator: str, layout: dict, tasks: int, **hyperparameters) -> dict:
+    """Names, dtypes and shapes a merge stores, in order: `layout` (the vectors' name -> (dtype, shape)) for a
+    plain operator; each shared tensor followed by every task's parts for a personalized one."""
+    spec, hyper = _resolve(operator, hyperparameters)
+    if spec.parts_layout is None:
+        return dict(layout)
+    stored = {}
+    for key, (dtype, shape) in layout.items():
+        stored[key] = (dtype, shape)
+        for index in range(tasks):
+            for name, part in spec.parts_layout(shape, dtype, **hyper).items():
+                stored[part_key(index, name, key)] = part
+    return stored
+
+
+def is_personalized(operator: str) -> bool:
+    return OPERATORS[operator].parts_layout is not None
+
+
+def personal_vector(operator: str, shared: dict, parts: dict, task_index: int, **hyperparameters) -> TaskVector:
+    """Task `task_index`'s vector from a personalized merge: `shared` maps names to shared tensors (relative to
+    w0), `parts` holds the stored parts (names from part_key)."""
+    spec, hyper = _resolve(operator, hyperparameters)
+    out = {}
+    for key, value in shared.items():
+        task_parts = {name: parts[part_key(task_index, name, key)]
+                      for name in spec.parts_layout(value.shape, value.dtype, **hyper)}
+        out[key] = spec.reconstruct(value, task_parts, **hyper)
+    return out
 
 
 # Operators that read per-task data statistics, and which kind (merge_statistics.KINDS).

@@ -25,7 +25,9 @@ ABLATIONS = ("dp_sam", "dp_anchor")
 OPERATOR_LABELS = {
     "weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES", "dare": "DARE",
     "pcb": "PCB", "wudi": "WUDI", "tsv_m": "TSV-M", "iso_c": "Iso-C", "iso_cts": "Iso-CTS",
-    "regmean": "RegMean", "fisher": "Fisher", "consensus_ta": "Consensus TA",
+    "regmean": "RegMean", "fisher": "Fisher", "consensus_ta": "Consensus TA", "emr": "EMR (per-task models)",
+    "tall_masks": "TALL masks (per-task models)", "dts": "DTS-T (per-task models)",
+    "dts_difference": "DTS-D (per-task models)",
 }
 
 

@@ -115,6 +115,14 @@ if _interp["operator"] not in config["merge"]:
         f"diagnostics.interpolation.operator: {_interp['operator']!r} is not among the configured merge "
         f"operators ({', '.join(config['merge'])})"
     )
+if OPERATORS[merge_operator(_interp["operator"])].parts_layout is not None:
+    _config_error(
+        f"diagnostics.interpolation.operator: {_interp['operator']!r} gives one model per task, not one merged "
+        "model to interpolate towards"
+    )
+for _name in config["merge"]:
+    if OPERATORS[merge_operator(_name)].task_vectors_only and config["merge"][_name].get("vectors") == "difference":
+        _config_error(f"merge.{_name}.vectors: {merge_operator(_name)} is defined on task vectors only")
 
 
 def eps_label(epsilon):
