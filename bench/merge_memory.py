@@ -8,6 +8,10 @@ parameters, ~350 MB each) plus w0, then for every registered operator runs, each
   in-memory  load all T vectors, then merge the dicts (what a naive script does)
 and prints wall time, peak RSS, and peak RSS above the bare interpreter (python + torch imported) in units of
 one model. Target (issue 4): peak RSS <= 2.5x one model for every streamable operator.
+
+RegMean and Fisher read random statistics files in the `dpmerge statistics` format (a PSD Gram per weight
+matrix, a Fisher diagonal per tensor, per task). Personalized operators (EMR, TALL masks, DTS) also write every
+task's parts. WUDI's 300 Adam steps per matrix dominate its time; `--param wudi.iterations=N` times fewer.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
     import torch  # noqa: F401
 
     import dpmerge  # noqa: F401
+    from dpmerge.merging import NEEDS_STATISTICS, is_part
 
     baseline = peak_rss_mib()
     paths = [str(workdir / f"tv{i}.safetensors") for i in range(tasks)]
@@ -48,6 +53,8 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
         from dpmerge.cli import main
 
         params = [arg for key, value in hyper.items() for arg in ("--param", f"{key}={json.dumps(value)}")]
+        if operator in NEEDS_STATISTICS:
+            params += ["--statistics", str(workdir / f"stats_{NEEDS_STATISTICS[operator]}.safetensors")]
         main(["merge", "--method", operator, "--vectors", vectors, *params,
               "--base", str(workdir / "w0.safetensors"), "-o", str(out), *paths])
     elif mode == "in-memory":
@@ -56,8 +63,14 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
 
         base, _ = load_tensors(workdir / "w0.safetensors")
         loaded = [load_tensors(path)[0] for path in paths]
-        merged = merge(operator, loaded, vectors, **hyper)
-        save_tensors(out, {key: base[key] + merged[key] for key in base}, {"operator": operator})
+        statistics = None
+        if operator in NEEDS_STATISTICS:
+            everything, _ = load_tensors(workdir / f"stats_{NEEDS_STATISTICS[operator]}.safetensors")
+            statistics = [{k.split("/", 1)[1]: v for k, v in everything.items() if k.startswith(f"{i}/")}
+                          for i in range(tasks)]
+        merged = merge(operator, loaded, vectors, statistics, **hyper)
+        save_tensors(out, {key: value if is_part(key) else base[key] + value for key, value in merged.items()},
+                     {"operator": operator})
     elif mode != "baseline":
         raise ValueError(mode)
     seconds = time.perf_counter() - start
@@ -89,7 +102,38 @@ def write_inputs(workdir: Path, tasks: int) -> int:
         vector = {k: 1e-3 * torch.randn(s, generator=generator) for k, s in shapes.items()}
         save_released(workdir / f"tv{i}.safetensors", vector, record, {"backbone": "vit_b32", "task": f"t{i}"})
         del vector
+    write_statistics(workdir, shapes, tasks)
     return numel
+
+
+def write_statistics(workdir: Path, shapes: dict, tasks: int) -> None:
+    """Random statistics in the `dpmerge statistics` format: a PSD Gram per weight matrix (RegMean) and a
+    positive Fisher diagonal per tensor (Fisher merging), per task, streamed to disk."""
+    import torch
+
+    from dpmerge.taskvectors import file_tensors_sha256, write_tensors_streaming
+
+    records = [{"task": f"t{i}", "source": "public", "examples": 256,
+                "task_vector_sha256": file_tensors_sha256(workdir / f"tv{i}.safetensors")} for i in range(tasks)]
+    for kind in ("gram", "fisher"):
+        if kind == "gram":
+            layout = {f"{i}/{k}": (torch.float32, (s[1], s[1])) for i in range(tasks) for k, s in shapes.items()
+                      if len(s) == 2}
+        else:
+            layout = {f"{i}/{k}": (torch.float32, tuple(s)) for i in range(tasks) for k, s in shapes.items()}
+        generator = torch.Generator().manual_seed(1)
+
+        def produce():
+            for name, (dtype, shape) in layout.items():
+                if kind == "gram":
+                    factor = torch.randn(shape[0], 64, generator=generator)
+                    yield name, factor @ factor.T / 64 + 0.1 * torch.eye(shape[0])
+                else:
+                    yield name, torch.rand(shape, generator=generator)
+
+        meta = {"artifact": "merge_statistics", "kind": kind, "source": "public",
+                "tasks": [f"t{i}" for i in range(tasks)], "records": records}
+        write_tensors_streaming(workdir / f"stats_{kind}.safetensors", layout, produce(), meta)
 
 
 def main() -> None:
@@ -131,7 +175,7 @@ def main() -> None:
     if hyper:
         print(f"hyperparameters other than the defaults: {hyper}")
     print(f"{'operator':18s} {'mode':10s} {'seconds':>8s} {'peak RSS MiB':>13s} {'models':>7s} {'above bare':>11s}")
-    for spec in args.operators or [*OPERATORS, "ties@difference"]:
+    for spec in args.operators or [*OPERATORS, "ties@difference", "dts@difference"]:
         for mode in ("stream", "in-memory"):
             r = run(mode, spec)
             print(f"{spec:18s} {mode:10s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} "
