@@ -86,7 +86,11 @@ def test_merge_names_unknown_operator_and_hyperparameter(released):
     folder, _, _, paths = released
     common = ["--base", str(folder / "w0.safetensors"), "-o", str(folder / "m.safetensors"), *paths]
     with pytest.raises(SystemExit, match="known operators"):
+        main(["merge", "--method", "fishr", *common])
+    with pytest.raises(SystemExit, match=r"fisher needs --statistics \(from 'dpmerge statistics --kind fisher'\)"):
         main(["merge", "--method", "fisher", *common])
+    with pytest.raises(SystemExit, match="ties uses no data statistics; drop --statistics"):
+        main(["merge", "--method", "ties", "--statistics", str(folder / "w0.safetensors"), *common])
     with pytest.raises(SystemExit, match="allowed: density, merge_func, scaling, topk_scope"):
         main(["merge", "--method", "ties", "--param", "lambda=1", *common])
 
