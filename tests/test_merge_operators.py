@@ -342,3 +342,13 @@ def test_personalized_storage_per_task_is_counted_in_bits():
     assert part_bits("emr", (100, 100), torch.float32) == 10_000 + 32  # a 1-bit mask and the rescaler
     with pytest.raises(ValueError, match="emr is defined on task vectors only"):
         merge("emr", [{"w": randn(2)}], "difference")
+
+
+def test_statistics_of_the_wrong_shape_or_count_are_named():
+    vectors = [{"w": randn(4, 3, seed=s)} for s in range(2)]
+    with pytest.raises(ValueError, match=r"statistics of task 1: Gram of 'w' has shape \(4, 4\), the weight needs \(3, 3\)"):
+        regmean(vectors, [{"w": torch.eye(3)}, {"w": torch.eye(4)}])
+    with pytest.raises(ValueError, match="regmean: 1 tasks' Gram matrices for 2 task vectors"):
+        regmean(vectors, [{"w": torch.eye(3)}])
+    with pytest.raises(ValueError, match=r"Fisher of 'w' has shape \(3, 4\)"):
+        fisher(vectors, [{"w": torch.ones(4, 3)}, {"w": torch.ones(3, 4)}])

@@ -10,7 +10,13 @@ every task at a time, so peak memory is one merged model plus one tensor per tas
 one task vector at a time), never T models; `merge` is the same computation over in-memory dicts, bit for bit.
 
 Operators are registered by name in `OPERATORS` with their default hyperparameters; the config and the CLI
-look them up there.
+look them up there. Beyond the per-tensor rules:
+- RegMean and Fisher merging also read per-task data statistics (a `StatisticsSource`, one key at a time);
+  merge_statistics.py computes them on public data or privatized.
+- Personalized operators (EMR, TALL masks, DTS) store a shared tensor and, per task, light parts from which
+  `personal_vector` rebuilds that task's own vector at evaluation.
+- Any operator that is not defined on task vectors only can merge difference vectors tau_t - mean(tau)
+  (`vectors="difference"`), the result then being mean(tau) + the merged differences.
 """
 
 from __future__ import annotations
@@ -693,6 +699,8 @@ def part_bits(operator: str, shape, dtype, **hyperparameters) -> int:
 def _needs(source: VectorSource, what: str, operator: str):
     if source.statistics is None:
         raise ValueError(f"{operator} needs per-task {what} (dpmerge statistics); none were given")
+    if len(source.statistics.per_task) != len(source):
+        raise ValueError(f"{operator}: {len(source.statistics.per_task)} tasks' {what} for {len(source)} task vectors")
     return source.statistics
 
 
@@ -722,6 +730,10 @@ def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
     if grams is None:  # not a linear layer's weight: averaged
         return _mean_of(tensors)
     matrices = [t.reshape(t.shape[0], -1).double() for t in tensors]
+    width = matrices[0].shape[1]
+    for gram, name in zip(grams, statistics.names):
+        if tuple(gram.shape) != (width, width):
+            raise ValueError(f"{name}: Gram of {key!r} has shape {tuple(gram.shape)}, the weight needs ({width}, {width})")
     merged = regmean_solve(matrices, [g.double() for g in grams], reduce_non_diagonal_ratio)
     return merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
@@ -751,6 +763,10 @@ def _fisher_statistics(source, normalize_fisher_weight, minimal_fisher_weight):
 def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_weight):
     statistics, norms = stats
     fishers = statistics.tensors(key)
+    for fisher_tensor, name in zip(fishers, statistics.names):
+        if fisher_tensor.shape != tensors[0].shape:
+            raise ValueError(f"{name}: Fisher of {key!r} has shape {tuple(fisher_tensor.shape)}, "
+                             f"the tensor has {tuple(tensors[0].shape)}")
     if norms is not None:
         fishers = [f / n if n > 0 else f for f, n in zip(fishers, norms)]
     weights = torch.stack(fishers).to(tensors[0].dtype) + minimal_fisher_weight
