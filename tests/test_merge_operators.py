@@ -352,3 +352,13 @@ def test_statistics_of_the_wrong_shape_or_count_are_named():
         regmean(vectors, [{"w": torch.eye(3)}])
     with pytest.raises(ValueError, match=r"Fisher of 'w' has shape \(3, 4\)"):
         fisher(vectors, [{"w": torch.ones(4, 3)}, {"w": torch.ones(3, 4)}])
+
+
+def test_streamed_order_statistics_are_exact_across_pieces(monkeypatch):
+    import dpmerge.merging as merging
+
+    monkeypatch.setattr(merging, "_PIECE", 7)  # every tensor split into many pieces
+    values = [randn(100, seed=5), randn(33, seed=6)]
+    ordered = torch.cat(values).sort().values
+    got = streamed_order_statistics(lambda: iter([[v] for v in values]), [[0, 50, 132]])
+    assert got == [[float(ordered[r]) for r in (0, 50, 132)]]

@@ -227,7 +227,10 @@ def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_sc
     if k <= 0:
         return [float("inf")] * len(source)  # keep nothing
     # The same order statistic as _top_magnitude_threshold's kthvalue(numel - k + 1), 0-based.
-    magnitudes = lambda: ([t.abs() for t in source.tensors(key)] for key in source.keys())  # noqa: E731
+    def magnitudes():  # one task's tensor at a time
+        for key in source.keys():
+            yield (source.tensor(index, key).abs() for index in range(len(source)))
+
     return [ranked[0] for ranked in streamed_order_statistics(magnitudes, [[numel - k]] * len(source))]
 
 
@@ -246,11 +249,14 @@ def _key_value(key: int) -> float:
     return float(torch.tensor([bits], dtype=torch.int32).view(torch.float32))
 
 
-def streamed_order_statistics(read_chunks: Callable[[], Iterator[list[torch.Tensor]]], ranks: list[list[int]]):
+_PIECE = 1 << 20  # keys are formed a million values at a time, bounding the int64 temporaries
+
+
+def streamed_order_statistics(read_chunks: Callable[[], Iterator], ranks: list[list[int]]):
     """Exact order statistics of S value sequences too large to hold, read twice in chunks.
 
-    `read_chunks()` yields, chunk after chunk, a list of S tensors (the next piece of every sequence); it is
-    called twice and must yield the same values both times. `ranks[s]` lists 0-based ranks from the smallest
+    `read_chunks()` yields, chunk after chunk, S tensors (a list or a lazy iterable: the next piece of every
+    sequence, in sequence order); it is called twice and must yield the same values both times. `ranks[s]` lists 0-based ranks from the smallest
     wanted in sequence s; returns the values at those ranks, as sorting the whole sequence would give.
 
     Radix selection on order-preserving 32-bit keys of the float32 values: the first pass histograms the high 16
@@ -261,7 +267,8 @@ def streamed_order_statistics(read_chunks: Callable[[], Iterator[list[torch.Tens
     high = torch.zeros(len(ranks), size, dtype=torch.int64)
     for chunk in read_chunks():
         for s, values in enumerate(chunk):
-            high[s] += torch.bincount(_order_keys(values) >> 16, minlength=size)
+            for piece in values.reshape(-1).split(_PIECE):
+                high[s] += torch.bincount(_order_keys(piece) >> 16, minlength=size)
     wanted = []  # per sequence: (bucket, rank within the bucket) per rank
     for s, sequence_ranks in enumerate(ranks):
         cumulative = high[s].cumsum(0)
@@ -276,9 +283,10 @@ def streamed_order_statistics(read_chunks: Callable[[], Iterator[list[torch.Tens
     low = {(s, bucket): torch.zeros(size, dtype=torch.int64) for s, row in enumerate(wanted) for bucket, _ in row}
     for chunk in read_chunks():
         for s, values in enumerate(chunk):
-            keys = _order_keys(values)
-            for bucket in {b for b, _ in wanted[s]}:
-                low[s, bucket] += torch.bincount(keys[(keys >> 16) == bucket] & 0xFFFF, minlength=size)
+            for piece in values.reshape(-1).split(_PIECE):
+                keys = _order_keys(piece)
+                for bucket in {b for b, _ in wanted[s]}:
+                    low[s, bucket] += torch.bincount(keys[(keys >> 16) == bucket] & 0xFFFF, minlength=size)
     return [
         [_key_value((bucket << 16) | int(torch.searchsorted(low[s, bucket].cumsum(0), torch.tensor(rank + 1))))
          for bucket, rank in row]
@@ -347,55 +355,60 @@ def _pcb_check(ratio, scaling):
         raise ValueError(f"pcb ratio must be in (0, 1], got {ratio}")
 
 
-def _per_task(values: list[float], like: torch.Tensor) -> torch.Tensor:
-    """Per-task scalars shaped to broadcast over a (T, *shape) stack."""
-    return torch.tensor(values, dtype=like.dtype).reshape(-1, *([1] * (like.ndim - 1)))
+def _pcb_task_balance(tensor: torch.Tensor, total: torch.Tensor, count: int, low: float, high: float):
+    """One task's clamped vector and balance scores: intra-balance exp(T * normalised |tau|^2) times
+    inter-balance tanh(tau_i * sum_j tau_j), as PCB_merge of the reference code (computed task by task so
+    memory holds one task's temporaries at a time)."""
+    magnitude = tensor.abs().clamp(low, high)
+    clamped = torch.sign(tensor) * magnitude
+    intra = torch.exp(count * _normalised(magnitude, low, high) ** 2)
+    return clamped, intra * torch.tanh(tensor * total)
 
 
-def _pcb_balance(stacked: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
-    """Clamped task vectors and their balance scores: intra-balance exp(T * normalised |tau|^2) times
-    inter-balance tanh(tau_i * sum_j tau_j), as PCB_merge of the reference code."""
-    magnitude = stacked.abs().clamp(low, high)
-    clamped = torch.sign(stacked) * magnitude
-    intra = torch.exp(stacked.shape[0] * _normalised(magnitude, low, high) ** 2)
-    inter = torch.tanh(stacked * stacked.sum(0))
-    return clamped, intra * inter
-
-
-def _normalised(values, low, high):
-    """(v - min) / (max - min) per task; 0 where a task's values are all equal (the reference divides by 0)."""
-    span = high - low
-    return torch.where(span > 0, (values - low) / torch.where(span > 0, span, torch.ones_like(span)), 0.0)
+def _normalised(values, low: float, high: float):
+    """(v - min) / (max - min) with one task's bounds; 0 where they are equal (the reference divides by 0)."""
+    if high > low:
+        return (values - low) / (high - low)
+    return torch.zeros_like(values)
 
 
 def _pcb_statistics(source: VectorSource, ratio, scaling):
     """Per task: the clamp bounds of |tau| and of the balance scores, each an exact quantile over the whole
     flattened task vector (as the reference sorts it), computed by streamed radix selection."""
     numel = _numel(source)
+    count = len(source)
     magnitude_ranks = [int(numel * _PCB_OUTLIER_FRACTION), int(numel * (1 - _PCB_OUTLIER_FRACTION) - 1)]
-    magnitudes = lambda: ([t.abs() for t in source.tensors(key)] for key in source.keys())  # noqa: E731
-    bounds = streamed_order_statistics(magnitudes, [magnitude_ranks] * len(source))
+
+    def magnitudes():
+        for key in source.keys():
+            yield (source.tensor(index, key).abs() for index in range(count))
+
+    bounds = streamed_order_statistics(magnitudes, [magnitude_ranks] * count)
     low = [b[0] for b in bounds]
     high = [b[1] for b in bounds]
 
     def balance_scores():
         for key in source.keys():
-            stacked = torch.stack(source.tensors(key))
-            yield list(_pcb_balance(stacked, _per_task(low, stacked), _per_task(high, stacked))[1])
+            tensors = source.tensors(key)
+            total = torch.stack(tensors).sum(0)
+            yield (_pcb_task_balance(t, total, count, low[i], high[i])[1] for i, t in enumerate(tensors))
 
     score_ranks = [int(numel * (1 - ratio)), numel - 1]
-    score_bounds = streamed_order_statistics(balance_scores, [score_ranks] * len(source))
+    score_bounds = streamed_order_statistics(balance_scores, [score_ranks] * count)
     return low, high, [b[0] for b in score_bounds], [b[1] for b in score_bounds]
 
 
 def _pcb_tensor(key, tensors, stats, ratio, scaling):
     low, high, score_low, score_high = stats
-    stacked = torch.stack(tensors)
-    clamped, scores = _pcb_balance(stacked, _per_task(low, stacked), _per_task(high, stacked))
-    score_low, score_high = _per_task(score_low, stacked), _per_task(score_high, stacked)
-    weights = _normalised(scores.clamp(score_low, score_high), score_low, score_high)
-    merged = (clamped * weights).sum(0) / weights.sum(0).clamp(min=1e-12)
-    return scaling * merged
+    total = torch.stack(tensors).sum(0)
+    numerator = torch.zeros_like(total)
+    denominator = torch.zeros_like(total)
+    for i, tensor in enumerate(tensors):
+        clamped, scores = _pcb_task_balance(tensor, total, len(tensors), low[i], high[i])
+        weight = _normalised(scores.clamp(score_low[i], score_high[i]), score_low[i], score_high[i])
+        numerator += clamped * weight
+        denominator += weight
+    return scaling * numerator / denominator.clamp(min=1e-12)
 
 
 # ---- WUDI-merging
