@@ -168,7 +168,7 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
     [
         (lambda c: c.update(epsilons=[-1]), "epsilons"),
         (lambda c: c["backbones"]["effnet"].update(tasks=["digits", "cifar"]), "unknown task 'cifar'; known tasks: bbc_next_sentence"),
-        (lambda c: c["merge"].update(fisher={}), "merge.fisher: no operator named 'fisher'; give `operator:` one of"),
+        (lambda c: c["merge"].update(fishr={}), "merge.fishr: no operator named 'fishr'; give `operator:` one of"),
         (lambda c: c["merge"].update(ties={"densty": 0.2}),
          "merge.ties: unknown hyperparameter(s) ['densty'] for operator 'ties'; allowed: density"),
         (lambda c: c["merge"].update(ties_dv={"operator": "ties", "vectors": "deltas"}), "deltas"),
