@@ -215,7 +215,7 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     tasks = 4
     # nonprivate runs once per task (epsinf); the four private methods once per task and epsilon
     assert jobs["finetune"] == tasks * (1 + 4 * 2)
-    assert jobs["merge"] == 2 * (1 + 4 * 2) * 3  # backbones x release groups x configured merges
+    assert jobs["merge"] == 2 * (1 + 4 * 2) * len(config["merge"])  # backbones x release groups x merges
     assert jobs["table1"] == 2 * 2  # per backbone and private epsilon
     listing = snakemake(tmp_path, "-n", "--printshellcmds")
     assert "taskvectors/effnet/epsinf/nonprivate/s0/digits.safetensors" in listing.stdout

@@ -260,11 +260,13 @@ def all_targets():
 
 
 def operator_params(wildcards):
-    """The merge's operator, vectors and hyperparameters as flags (a change reruns only this merge onwards)."""
+    """The merge's operator, vectors, hyperparameters and statistics file as flags (a change reruns only this
+    merge onwards)."""
     name = wildcards.operator
     flags = [f"--method {merge_operator(name)}", f"--vectors {config['merge'][name].get('vectors', 'task')}",
              f"--name {name}"]
     flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(merge_hyperparameters(name).items())]
+    flags += [f"--statistics {path}" for path in merge_statistics_files(wildcards)]
     return " ".join(flags)
 
 
@@ -276,11 +278,6 @@ def merge_statistics_files(wildcards):
     if merge_operator(wildcards.operator) not in NEEDS_STATISTICS:
         return []
     return [STATISTICS.format(**wildcards)]
-
-
-def merge_statistics_flag(wildcards):
-    files = merge_statistics_files(wildcards)
-    return f"--statistics {files[0]}" if files else ""
 
 
 def statistics_params(wildcards):

@@ -36,7 +36,6 @@ rule merge:
         MERGED,
     params:
         hyper=operator_params,
-        statistics=merge_statistics_flag,
     log:
         result("logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
@@ -46,7 +45,7 @@ rule merge:
         mem_mb=4000,
         runtime="1h",
     shell:
-        "dpmerge merge {params.hyper} {params.statistics} --base {input.base} "
+        "dpmerge merge {params.hyper} --base {input.base} "
         "-o {output} {input.vectors} > {log} 2>&1"
 
 
