@@ -79,7 +79,10 @@ class StatisticsSource:
     def tensors(self, key: str) -> list[torch.Tensor] | None:
         if key not in self._keys:
             return None
-        return [_checked_finite(_get(stats, key), name, key) for stats, name in zip(self.per_task, self.names)]
+        return [self.tensor(index, key) for index in range(len(self.per_task))]
+
+    def tensor(self, index: int, key: str) -> torch.Tensor:
+        return _checked_finite(_get(self.per_task[index], key), self.names[index], key)
 
 
 def _keys_of(stats) -> list[str]:
@@ -546,17 +549,20 @@ def _consensus_check(scaling, tall_mask_lambda, min_agreement):
         raise ValueError(f"consensus min_agreement must be a non-negative integer, got {min_agreement!r}")
 
 
-def tall_masks(tensors: list[torch.Tensor], tall_mask_lambda: float) -> torch.Tensor:
-    """TALL masks (Wang et al., 2024): entry j matters to task t if |tau_t| > lambda |tau_MTL - tau_t|, with
-    tau_MTL = sum_t tau_t, i.e. the task's own update outweighs what the multi-task vector adds on top of it."""
-    stacked = torch.stack(tensors)
-    return stacked.abs() > tall_mask_lambda * (stacked.sum(0) - stacked).abs()
+def tall_masks(tensors: list[torch.Tensor], tall_mask_lambda: float, summed: torch.Tensor | None = None):
+    """TALL masks (Wang et al., 2024), one per task, made lazily: entry j matters to task t if
+    |tau_t| > lambda |tau_MTL - tau_t|, with tau_MTL = sum_t tau_t, i.e. the task's own update outweighs what the
+    multi-task vector adds on top of it."""
+    summed = torch.stack(tensors).sum(0) if summed is None else summed
+    return (t.abs() > tall_mask_lambda * (summed - t).abs() for t in tensors)
 
 
 def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreement):
     summed = torch.stack(tensors).sum(0)
-    consensus = tall_masks(tensors, tall_mask_lambda).sum(0) >= min_agreement
-    return scaling * torch.where(consensus, summed, torch.zeros_like(summed))
+    agreement = torch.zeros(summed.shape, dtype=torch.int32)
+    for mask in tall_masks(tensors, tall_mask_lambda, summed):  # one task's temporaries at a time
+        agreement += mask
+    return scaling * torch.where(agreement >= min_agreement, summed, torch.zeros_like(summed))
 
 
 # ---- Personalized merging: a shared tensor plus light per-task parts, one model per task at evaluation
@@ -576,18 +582,19 @@ def _emr_statistics(source: VectorSource):
         tensors = source.tensors(key)
         unified, masks = _emr_unified(tensors)
         own += torch.stack([t.double().abs().sum() for t in tensors])
-        kept += torch.stack([(m * unified).double().abs().sum() for m in masks])
+        kept += torch.stack([(unified * m).double().abs().sum() for m in masks])
     return [float(o / k) if k > 0 else 0.0 for o, k in zip(own, kept)]
 
 
 def _emr_unified(tensors):
     """EMR's elect step: sign of the sum, then per entry the largest |tau_t| among tasks of that sign; masks
     M_t = (tau_t * tau_uni > 0)."""
-    stacked = torch.stack(tensors)
-    sign = torch.sign(stacked.sum(0))
-    agreeing = torch.where(torch.sign(stacked) == sign, stacked.abs(), torch.zeros_like(stacked))
-    unified = sign * agreeing.max(0).values
-    return unified, [(t * unified > 0) for t in tensors]
+    sign = torch.sign(torch.stack(tensors).sum(0))
+    magnitude = torch.zeros_like(sign)
+    for t in tensors:  # one task's temporaries at a time
+        magnitude = torch.maximum(magnitude, torch.where(torch.sign(t) == sign, t.abs(), torch.zeros_like(t)))
+    unified = sign * magnitude
+    return unified, (t * unified > 0 for t in tensors)
 
 
 def _emr_tensor(key, tensors, rescalers):
@@ -607,7 +614,7 @@ def _emr_reconstruct(shared, parts):
 
 def _tall_tensor(key, tensors, stats, tall_mask_lambda):
     summed = torch.stack(tensors).sum(0)
-    return summed, [{"mask": m.to(torch.uint8)} for m in tall_masks(tensors, tall_mask_lambda)]
+    return summed, [{"mask": m.to(torch.uint8)} for m in tall_masks(tensors, tall_mask_lambda, summed)]
 
 
 def _tall_check(tall_mask_lambda):
@@ -731,23 +738,30 @@ def regmean_solve(matrices: list[torch.Tensor], grams: list[torch.Tensor], reduc
     shrinking each G_i's off-diagonal entries by the ratio (RegMean's regularisation; 1 = none). Exact on task
     vectors: w0 cancels because (sum G_i)(sum G_i)^+ acts as the identity on their row space. The
     pseudo-inverse keeps privatized (possibly indefinite) or rank-deficient Grams well defined."""
-    reduced = [reduce_non_diagonal_ratio * g + (1 - reduce_non_diagonal_ratio) * torch.diag(torch.diagonal(g))
-               for g in grams]
-    total = torch.stack(reduced).sum(0)
-    weighted = sum(m @ g for m, g in zip(matrices, reduced))
+    total, weighted = 0, 0
+    for matrix, gram in zip(matrices, grams):  # grams may be read lazily: one task's Gram at a time
+        reduced = reduce_non_diagonal_ratio * gram + (1 - reduce_non_diagonal_ratio) * torch.diag(torch.diagonal(gram))
+        total = total + reduced
+        weighted = weighted + matrix @ reduced
+        del reduced
     return weighted @ torch.linalg.pinv(total, hermitian=True)
 
 
 def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
-    grams = statistics.tensors(key)
-    if grams is None:  # not a linear layer's weight: averaged
+    if key not in statistics.keys():  # not a linear layer's weight: averaged
         return _mean_of(tensors)
     matrices = [t.reshape(t.shape[0], -1).double() for t in tensors]
     width = matrices[0].shape[1]
-    for gram, name in zip(grams, statistics.names):
-        if tuple(gram.shape) != (width, width):
-            raise ValueError(f"{name}: Gram of {key!r} has shape {tuple(gram.shape)}, the weight needs ({width}, {width})")
-    merged = regmean_solve(matrices, [g.double() for g in grams], reduce_non_diagonal_ratio)
+
+    def grams():
+        for index, name in enumerate(statistics.names):
+            gram = statistics.tensor(index, key)
+            if tuple(gram.shape) != (width, width):
+                raise ValueError(f"{name}: Gram of {key!r} has shape {tuple(gram.shape)}, the weight needs "
+                                 f"({width}, {width})")
+            yield gram.double()
+
+    merged = regmean_solve(matrices, grams(), reduce_non_diagonal_ratio)
     return merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
 
@@ -768,22 +782,27 @@ def _fisher_statistics(source, normalize_fisher_weight, minimal_fisher_weight):
     if normalize_fisher_weight:
         squares = torch.zeros(len(source), dtype=torch.float64)
         for key in source.keys():
-            squares += torch.stack([f.double().square().sum() for f in statistics.tensors(key)])
+            for index in range(len(source)):
+                squares[index] += statistics.tensor(index, key).double().square().sum()
         norms = squares.sqrt().tolist()
     return statistics, norms
 
 
 def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_weight):
     statistics, norms = stats
-    fishers = statistics.tensors(key)
-    for fisher_tensor, name in zip(fishers, statistics.names):
-        if fisher_tensor.shape != tensors[0].shape:
+    numerator = torch.zeros_like(tensors[0])
+    denominator = torch.zeros_like(tensors[0])
+    for index, (tensor, name) in enumerate(zip(tensors, statistics.names)):  # one task's Fisher at a time
+        fisher_tensor = statistics.tensor(index, key)
+        if fisher_tensor.shape != tensor.shape:
             raise ValueError(f"{name}: Fisher of {key!r} has shape {tuple(fisher_tensor.shape)}, "
-                             f"the tensor has {tuple(tensors[0].shape)}")
-    if norms is not None:
-        fishers = [f / n if n > 0 else f for f, n in zip(fishers, norms)]
-    weights = torch.stack(fishers).to(tensors[0].dtype) + minimal_fisher_weight
-    return (weights * torch.stack(tensors)).sum(0) / weights.sum(0)
+                             f"the tensor has {tuple(tensor.shape)}")
+        if norms is not None and norms[index] > 0:
+            fisher_tensor = fisher_tensor / norms[index]
+        weight = fisher_tensor.to(tensor.dtype) + minimal_fisher_weight
+        numerator += weight * tensor
+        denominator += weight
+    return numerator / denominator
 
 
 OPERATORS: dict[str, Operator] = {
