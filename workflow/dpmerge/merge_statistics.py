@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpmerge.backbones import Backbone, TaskModel
+from dpmerge.persample import clip_factors
 
 KINDS = ("gram", "fisher")
 SOURCES = ("public", "private")
@@ -86,7 +87,7 @@ def gram_statistics(
             rows = {key: _input_rows(recorded[key], layers[key], weights) for key in layers}
             if clip_norm is not None:
                 squared = sum((x @ x.transpose(1, 2)).square().sum((1, 2)) for x in rows.values())
-                scale = (clip_norm / squared.sqrt().clamp(min=1e-12)).clamp(max=1.0)
+                scale = clip_factors(squared, clip_norm)
                 rows = {key: x * scale.sqrt()[:, None, None] for key, x in rows.items()}
             for key, x in rows.items():
                 flat = x.reshape(-1, x.shape[-1])
@@ -145,7 +146,7 @@ def fisher_statistics(
                 contribution[name] += weight.reshape(-1, *([1] * (g.ndim - 1))) * g.detach().square()
         if clip_norm is not None:
             squared = sum(c.flatten(1).square().sum(1) for c in contribution.values())
-            scale = (clip_norm / squared.sqrt().clamp(min=1e-12)).clamp(max=1.0)
+            scale = clip_factors(squared, clip_norm)
             contribution = {n: c * scale.reshape(-1, *([1] * (c.ndim - 1))) for n, c in contribution.items()}
         for name, c in contribution.items():
             sums[name] += c.sum(0)

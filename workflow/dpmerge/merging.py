@@ -230,11 +230,14 @@ def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_sc
     if k <= 0:
         return [float("inf")] * len(source)  # keep nothing
     # The same order statistic as _top_magnitude_threshold's kthvalue(numel - k + 1), 0-based.
-    def magnitudes():  # one task's tensor at a time
-        for key in source.keys():
-            yield (source.tensor(index, key).abs() for index in range(len(source)))
+    ranked = streamed_order_statistics(lambda: _task_magnitudes(source), [[numel - k]] * len(source))
+    return [values[0] for values in ranked]
 
-    return [ranked[0] for ranked in streamed_order_statistics(magnitudes, [[numel - k]] * len(source))]
+
+def _task_magnitudes(source: VectorSource):
+    """Chunks for streamed_order_statistics: per tensor name, every task's |tau|, one task read at a time."""
+    for key in source.keys():
+        yield (source.tensor(index, key).abs() for index in range(len(source)))
 
 
 def _numel(source: VectorSource) -> int:
@@ -382,11 +385,7 @@ def _pcb_statistics(source: VectorSource, ratio, scaling):
     count = len(source)
     magnitude_ranks = [int(numel * _PCB_OUTLIER_FRACTION), int(numel * (1 - _PCB_OUTLIER_FRACTION) - 1)]
 
-    def magnitudes():
-        for key in source.keys():
-            yield (source.tensor(index, key).abs() for index in range(count))
-
-    bounds = streamed_order_statistics(magnitudes, [magnitude_ranks] * count)
+    bounds = streamed_order_statistics(lambda: _task_magnitudes(source), [magnitude_ranks] * count)
     low = [b[0] for b in bounds]
     high = [b[1] for b in bounds]
 
