@@ -76,11 +76,6 @@ class StatisticsSource:
     def keys(self) -> set[str]:
         return self._keys
 
-    def tensors(self, key: str) -> list[torch.Tensor] | None:
-        if key not in self._keys:
-            return None
-        return [self.tensor(index, key) for index in range(len(self.per_task))]
-
     def tensor(self, index: int, key: str) -> torch.Tensor:
         return _checked_finite(_get(self.per_task[index], key), self.names[index], key)
 
