@@ -145,6 +145,9 @@ def main() -> None:
                              "NAME@difference merges difference vectors")
     parser.add_argument("--param", action="append", default=[], metavar="OPERATOR.KEY=VALUE",
                         help="hyperparameter for one operator, e.g. wudi.iterations=10 (repeatable)")
+    parser.add_argument("--reuse-inputs", action="store_true",
+                        help="keep the task vectors and statistics an earlier run wrote to --workdir for the same "
+                             "--tasks (writing them takes minutes)")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "OPERATOR", "HYPER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -156,7 +159,13 @@ def main() -> None:
         key, _, value = assignment.partition("=")
         hyper.setdefault(name, {})[key] = json.loads(value)
 
-    numel = write_inputs(args.workdir, args.tasks)
+    stamp = args.workdir / "inputs.json"
+    if args.reuse_inputs and stamp.exists() and json.loads(stamp.read_text())["tasks"] == args.tasks:
+        numel = json.loads(stamp.read_text())["numel"]
+    else:
+        stamp.unlink(missing_ok=True)
+        numel = write_inputs(args.workdir, args.tasks)
+        stamp.write_text(json.dumps({"tasks": args.tasks, "numel": numel}))
     model_mib = numel * 4 / 2**20
     sys.path.insert(0, str(HERE.parent / "workflow"))
     from dpmerge.merging import OPERATORS

@@ -22,6 +22,7 @@ from dpmerge.merging import (
     task_arithmetic,
     tsv_m,
     weight_averaging,
+    weighted_times_pinv,
     wudi,
     wudi_solve,
 )
@@ -243,6 +244,25 @@ def test_regmean_with_identity_or_equal_grams_is_averaging():
         merged = regmean(vectors, grams, reduce_non_diagonal_ratio=1.0)
         assert torch.allclose(merged["w"], average["w"], atol=1e-5)
         assert torch.equal(merged["b"], average["b"])  # not a linear weight: averaged
+
+
+@pytest.mark.parametrize("case", ["definite", "singular", "indefinite", "nearly singular"])
+def test_weighted_times_pinv_is_the_pseudo_inverse_whichever_path_it_takes(case):
+    # Cholesky solves on safely definite matrices, an eigendecomposition otherwise; both must equal pinv
+    factor = randn(6, 6, seed=1, scale=1.0).double()
+    total = factor @ factor.T + torch.eye(6, dtype=torch.float64)
+    if case == "singular":  # a dead input unit: zero row and column
+        total[2, :] = total[:, 2] = 0
+    elif case == "indefinite":  # privatized Grams: symmetric noise can make the sum indefinite
+        total -= 3 * torch.eye(6, dtype=torch.float64) * total.diagonal().min()
+    elif case == "nearly singular":  # definite, but an eigenvalue below pinv's cutoff
+        eigenvalues, vectors = torch.linalg.eigh(total)
+        eigenvalues[0] = 1e-18 * eigenvalues[-1]
+        total = vectors @ torch.diag(eigenvalues) @ vectors.T
+        total = (total + total.T) / 2
+    weighted = randn(4, 6, seed=2).double()
+    expected = weighted @ torch.linalg.pinv(total, hermitian=True)
+    assert torch.allclose(weighted_times_pinv([weighted.clone(), total.clone()]), expected, atol=1e-8, rtol=1e-6)
 
 
 def test_regmean_by_hand_each_task_owns_the_inputs_it_saw():

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from dpmerge.taskvectors import release_freed_memory
+
 TaskVector = dict[str, torch.Tensor]
 
 
@@ -298,12 +300,23 @@ def streamed_order_statistics(read_chunks: Callable[[], Iterator], ranks: list[l
 def _ties_tensor(key, tensors, thresholds, density, scaling, merge_func, topk_scope):
     if thresholds is None:  # per-tensor top-k
         thresholds = [_top_magnitude_threshold(t.reshape(-1), density) for t in tensors]
-    trimmed = torch.stack([_keep_above(t, threshold) for t, threshold in zip(tensors, thresholds)])
-    elected = torch.sign(trimmed.sum(0))
-    agrees = (torch.sign(trimmed) == elected) & (trimmed != 0)
-    merged = torch.where(agrees, trimmed, torch.zeros_like(trimmed)).sum(0)
+    # Trimmed tensors are formed twice, one task at a time (for the elected sign's mass, then for the disjoint
+    # merge), rather than stacked: the temporaries stay a few tensors of one name instead of several per task.
+    mass = torch.zeros_like(tensors[0])
+    for tensor, threshold in zip(tensors, thresholds):
+        mass += _keep_above(tensor, threshold)
+    elected = torch.sign(mass)
+    del mass
+    merged = torch.zeros_like(tensors[0])
+    agreeing = torch.zeros_like(tensors[0])
+    for tensor, threshold in zip(tensors, thresholds):
+        trimmed = _keep_above(tensor, threshold)
+        agrees = (torch.sign(trimmed) == elected) & (trimmed != 0)
+        merged += trimmed.masked_fill_(~agrees, 0)
+        agreeing += agrees
+        del trimmed, agrees
     if merge_func == "mean":
-        merged = merged / agrees.sum(0).clamp(min=1)
+        merged /= agreeing.clamp_(min=1)
     return (scaling * merged).to(tensors[0].dtype)
 
 
@@ -727,25 +740,68 @@ def _regmean_statistics(source, reduce_non_diagonal_ratio):
     return _needs(source, "Gram matrices", "regmean")
 
 
-def regmean_solve(matrices: list[torch.Tensor], grams: list[torch.Tensor], reduce_non_diagonal_ratio: float):
+def regmean_solve(matrices, grams, reduce_non_diagonal_ratio: float):
     """argmin_W sum_i ||X_i W^T - X_i W_i^T||^2 = (sum_i W_i G_i)(sum_i G_i)^+ with G_i = X_i^T X_i, after
     shrinking each G_i's off-diagonal entries by the ratio (RegMean's regularisation; 1 = none). Exact on task
     vectors: w0 cancels because (sum G_i)(sum G_i)^+ acts as the identity on their row space. The
-    pseudo-inverse keeps privatized (possibly indefinite) or rank-deficient Grams well defined."""
-    total, weighted = 0, 0
-    for matrix, gram in zip(matrices, grams):  # grams may be read lazily: one task's Gram at a time
-        reduced = reduce_non_diagonal_ratio * gram + (1 - reduce_non_diagonal_ratio) * torch.diag(torch.diagonal(gram))
-        total = total + reduced
-        weighted = weighted + matrix @ reduced
-        del reduced
-    return weighted @ torch.linalg.pinv(total, hermitian=True)
+    pseudo-inverse keeps privatized (possibly indefinite) or rank-deficient Grams well defined.
+
+    `matrices` and `grams` may be generators: one task's W_i and G_i are held at a time, and the pseudo-inverse
+    is applied through one eigendecomposition of sum G_i (the cutoff of torch.linalg.pinv) without forming it,
+    so the float64 work beyond the inputs is a few in x in matrices whatever the task count."""
+    total = weighted = None
+    for matrix, gram in zip(matrices, grams):
+        reduced = gram.to(torch.float64, copy=True)  # a copy: the caller's Gram is never modified
+        diagonal = reduced.diagonal().clone()
+        reduced.mul_(reduce_non_diagonal_ratio).diagonal().add_((1 - reduce_non_diagonal_ratio) * diagonal)
+        product = matrix.double() @ reduced
+        if total is None:
+            total, weighted = reduced, product
+        else:
+            total.add_(reduced)
+            weighted.add_(product)
+        del reduced, product, matrix, gram
+        release_freed_memory()  # in x in float64 temporaries per task; keep them from piling up in the heap
+    operands = [weighted, total]
+    del weighted, total
+    return weighted_times_pinv(operands)
+
+
+def weighted_times_pinv(operands: list[torch.Tensor]) -> torch.Tensor:
+    """weighted @ pinv(total) for operands = [weighted, total] with `total` symmetric. The list is emptied so
+    each operand is freed as soon as it is no longer needed (ViT-L/14's 4096-wide Grams are 134 MB in float64).
+
+    When `total` is safely positive definite (Cholesky succeeds and its smallest pivot is above
+    torch.linalg.pinv's cutoff n * eps * max diagonal) the pseudo-inverse is the inverse, applied by two
+    triangular solves: no workspace beyond the factor. Otherwise (privatized Grams can be indefinite, a dead
+    input unit makes them singular) the pseudo-inverse comes from one eigendecomposition with pinv's cutoff."""
+    weighted, total = operands
+    operands.clear()
+    width = total.shape[0]
+    cutoff = width * torch.finfo(total.dtype).eps
+    release_freed_memory()
+    factor, info = torch.linalg.cholesky_ex(total)
+    if int(info) == 0 and factor.diagonal().square().min() > cutoff * total.diagonal().abs().max():
+        del total
+        # W T^{-1} = ((L L^T)^{-1} W^T)^T; both solves overwrite nothing the caller keeps
+        solved = torch.linalg.solve_triangular(factor, weighted.T, upper=False)
+        del weighted
+        solved = torch.linalg.solve_triangular(factor.T, solved, upper=True)
+        return solved.T
+    del factor
+    eigenvalues, eigenvectors = torch.linalg.eigh(total)
+    del total
+    threshold = eigenvalues.abs().max() * cutoff
+    inverse = torch.where(eigenvalues.abs() > threshold, 1 / eigenvalues, torch.zeros_like(eigenvalues))
+    projected = weighted @ eigenvectors
+    del weighted
+    return projected.mul_(inverse) @ eigenvectors.T
 
 
 def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
     if key not in statistics.keys():  # not a linear layer's weight: averaged
         return _mean_of(tensors)
-    matrices = [t.reshape(t.shape[0], -1).double() for t in tensors]
-    width = matrices[0].shape[1]
+    width = tensors[0].reshape(tensors[0].shape[0], -1).shape[1]
 
     def grams():
         for index, name in enumerate(statistics.names):
@@ -753,8 +809,9 @@ def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
             if tuple(gram.shape) != (width, width):
                 raise ValueError(f"{name}: Gram of {key!r} has shape {tuple(gram.shape)}, the weight needs "
                                  f"({width}, {width})")
-            yield gram.double()
+            yield gram
 
+    matrices = (t.reshape(t.shape[0], -1) for t in tensors)
     merged = regmean_solve(matrices, grams(), reduce_non_diagonal_ratio)
     return merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
@@ -915,14 +972,16 @@ VECTOR_KINDS = ("task", "difference")
 
 class DifferenceSource(VectorSource):
     """Difference vectors d_t = theta_t - theta_avg = tau_t - mean_j tau_j (paper-dts-personalized-merging.md,
-    "difference vector"): the task-specific residuals around the weight average instead of around w0. Reads
-    all T tensors of a name once and keeps only that name's differences."""
+    "difference vector"): the task-specific residuals around the weight average instead of around w0. Keeps
+    only the current name's mean (summed one task at a time) and forms each d_t when it is read, so a
+    difference merge holds what a task-vector merge holds plus one tensor."""
 
     def __init__(self, source: VectorSource):
         self.source = source
         self.statistics = source.statistics
         self.names = [f"{name} (difference vector)" for name in source.names]
         self._key = None
+        self._mean = None
 
     def keys(self) -> list[str]:
         return self.source.keys()
@@ -931,19 +990,20 @@ class DifferenceSource(VectorSource):
         return self.source.shape(key)
 
     def mean(self, key: str) -> torch.Tensor:
-        self._load(key)
+        if key != self._key:
+            self._mean = None  # drop the previous name's mean before summing this one's
+            total = None
+            for index in range(len(self.source)):
+                tensor = self.source.tensor(index, key)
+                total = tensor.clone() if total is None else total.add_(tensor)
+                del tensor
+            self._mean = total.div_(len(self.source))
+            self._key = key
         return self._mean
 
     def tensor(self, index: int, key: str) -> torch.Tensor:
-        self._load(key)
-        return self._differences[index]
-
-    def _load(self, key):
-        if key != self._key:
-            tensors = self.source.tensors(key)
-            self._mean = torch.stack(tensors).mean(0)
-            self._differences = [t - self._mean for t in tensors]
-            self._key = key
+        mean = self.mean(key)
+        return self.source.tensor(index, key) - mean
 
 
 def merge_stream(

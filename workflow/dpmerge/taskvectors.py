@@ -41,6 +41,26 @@ PRIVACY_FIELDS = (
 )
 
 
+def _glibc_malloc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Return freed heap memory to the system. glibc keeps freed blocks below its (adaptive, up to 32 MB) mmap
+    threshold in the heap, so a stream of per-tensor temporaries leaves the resident set hundreds of MB above
+    what is alive; measured on the merge benchmark this retention, not live tensors, set the peak."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 def atomic_write(path: str | Path, write) -> None:
     """Call write(tmp_path) then rename the temporary file onto `path`."""
     path = Path(path)
@@ -162,6 +182,8 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
                 value = value.detach().contiguous().cpu()
                 if value.numel():
                     handle.write(value.reshape(-1).view(torch.uint8).numpy())
+                del key, value
+                release_freed_memory()  # the tensor's temporaries are gone; don't let the heap keep them
 
     atomic_write(path, write)
 
