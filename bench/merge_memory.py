@@ -1,6 +1,7 @@
 """Peak memory and wall time of every merge operator: streamed (`dpmerge merge`) vs everything in memory.
 
-    .venv/bin/python bench/merge_memory.py [--tasks 8] [--workdir /tmp/dpmerge-merge-bench]
+    .venv/bin/python bench/merge_memory.py [--tasks 8] [--workdir /tmp/dpmerge-merge-bench] [--reuse-inputs]
+        [--operators ties regmean ties@difference ...] [--param wudi.iterations=30]
 
 Writes T random task vectors with the parameter shapes of ViT-B/32 (timm architecture, 87.5M float32
 parameters, ~350 MB each) plus w0, then for every registered operator runs, each in a fresh process:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -37,7 +38,9 @@ TINY = {
               "regmean": {"statistics": {"data": "public", "examples": 16}},
               "fisher": {"statistics": {"data": "private", "examples": 32, "clip_norm": 0.01, "epsilon": 1.0}},
               "dts_difference": {"operator": "dts", "vectors": "difference", "rank_fraction": 0.5}},
-    "diagnostics": {"interpolation": {"operator": "weight_averaging", "points": 3, "max_examples": 24}},
+    "diagnostics": {"interpolation": {"operator": "weight_averaging", "points": 3, "max_examples": 24},
+                    "curvature": {"operator": "weight_averaging", "iterations": 3, "gammas": [0.0, 1.0],
+                                  "max_examples": 24}},
 }
 
 
@@ -94,6 +97,16 @@ def test_outputs_hold_the_values_they_claim(finished_run):
         points = points.set_index("gamma")
         assert points.loc[0.0, "loss"] == pytest.approx(individual.loc[task, "loss"], rel=1e-5)
         assert points.loc[1.0, "loss"] == pytest.approx(merged_scores.loc[task, "loss"], rel=1e-5)
+
+    # curvature: its functional loss reproduces the evaluations at both ends of the same subsample
+    curvature = pd.read_parquet(results / "diagnostics/curvature/minilm/eps4/dp_merging/s0.parquet").set_index("task")
+    assert set(curvature.index) == {"bbc_topic", "bbc_next_sentence"}
+    for task, row in curvature.iterrows():
+        assert row["task_loss"] == pytest.approx(individual.loc[task, "loss"], rel=1e-5)
+        assert row["merged_loss"] == pytest.approx(merged_scores.loc[task, "loss"], rel=1e-5)
+        assert row["merge_gap"] == pytest.approx(row["merged_loss"] - row["task_loss"])
+        assert np.isfinite([row["sharpness"], row["lambda_max_at_task"], row["beta"], row["bound"]]).all()
+        assert row["displacement"] > 0 and row["beta"] >= row["lambda_max_at_task"]
 
     # Table 1: the paper's rows and columns, scores on a 0-100 scale, improvement = difference
     table = pd.read_parquet(results / "tables/table1_effnet_eps4.parquet").set_index("row")
@@ -183,6 +196,10 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
         (lambda c: c["merge"].update(emr={"vectors": "difference"}), "merge.emr.vectors: emr is defined on task vectors only"),
         (lambda c: c["diagnostics"]["interpolation"].update(operator="dts_difference"),
          "'dts_difference' gives one model per task"),
+        (lambda c: c["diagnostics"]["curvature"].update(operator="nope"),
+         "diagnostics.curvature.operator: 'nope' is not among the configured merge operators"),
+        (lambda c: c["diagnostics"]["curvature"].update(gammas=[0.5, 1.0]),
+         "diagnostics.curvature.gammas: the first point must be 0"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
         (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),

@@ -485,6 +485,39 @@ def cmd_interpolate(args) -> None:
     _write_parquet(rows, args.out)
 
 
+def cmd_curvature(args) -> None:
+    from dpmerge.diagnostics import hessian_max_eigenvalue, merge_gap_bound, sharpness_proxy, task_loss
+    from dpmerge.taskvectors import load_tensors
+
+    _set_threads(args.threads)
+    if not args.rho > 0:
+        raise SystemExit(f"error: --rho must be > 0, got {args.rho}")
+    if not args.gammas or any(not 0 <= g <= 1 for g in args.gammas) or args.gammas[0] != 0:
+        raise SystemExit(f"error: --gammas must start at 0 and lie in [0, 1], got {args.gammas}")
+    backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
+    base, _ = load_tensors(args.base)
+    merged, merged_meta = load_tensors(args.merged)
+    vectors, _ = _read_task_vectors(args.task_vectors)
+    tasks = _load_heads_and_data(args.heads, args.data)
+    rows = []
+    for vector, (head, meta, prepared) in zip(vectors, tasks):
+        n = min(args.max_examples, int(prepared["test_labels"].shape[0]))
+        pick = torch.randperm(prepared["test_labels"].shape[0], generator=torch.Generator().manual_seed(0))[:n]
+        features = tuple(f[pick] for f in prepared["test_features"])
+        loss = task_loss(backbone, head, features, prepared["test_labels"][pick])
+        task_params = {name: base[name] + vector[name] for name in base}
+        merged_params = {name: merged[name] for name in base}
+        sharpness = sharpness_proxy(loss, task_params, args.rho)
+        gap = merge_gap_bound(loss, task_params, merged_params, args.gammas, args.iterations, args.tolerance,
+                              seed=0)
+        rows.append({**_identity(meta), "operator": merged_meta.get("merge_name", merged_meta["operator"]),
+                     "task": prepared["task"], "rho": args.rho, "sharpness": sharpness, **gap,
+                     "gammas": json.dumps(list(args.gammas)), "iterations": args.iterations, "num_examples": n})
+        _log(f"[curvature] {prepared['task']}: sharpness {sharpness:.4g}, lambda_max {gap['lambda_max_at_task']:.4g}, "
+             f"merge gap {gap['merge_gap']:.4g} <= bound {gap['bound']:.4g}")
+    _write_parquet(rows, args.out)
+
+
 def cmd_table(args) -> None:
     import pandas as pd
 
@@ -625,6 +658,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-vectors", nargs="+", required=True)
     p.add_argument("-o", "--out", required=True)
 
+    p = add("curvature", cmd_curvature,
+            "Per task: sharpness proxy, Hessian lambda_max (power iteration), merge gap and Theorem 5.2's bound.")
+    p.add_argument("--backbone-spec", required=True, help="JSON backbone spec (as prepare)")
+    p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
+    p.add_argument("--merged", required=True, help="merged model (safetensors) the gap is measured to")
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("--heads", nargs="+", required=True, help="one head per task vector, same order")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order")
+    p.add_argument("--rho", type=float, default=0.05, help="sharpness radius (default 0.05)")
+    p.add_argument("--iterations", type=int, default=20, help="power iterations per lambda_max (default 20)")
+    p.add_argument("--tolerance", type=float, default=1e-3,
+                   help="stop a power iteration when lambda changes by less than this, relatively (default 1e-3)")
+    p.add_argument("--gammas", type=float, nargs="+", default=[0.0, 0.5, 1.0],
+                   help="points of the segment w_t -> w_merge where lambda_max is measured for beta_t "
+                        "(first must be 0; default 0 0.5 1)")
+    p.add_argument("--max-examples", type=int, default=64, help="seeded test subsample per task (default 64)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="output Parquet, one row per task")
     p = add("interpolate", cmd_interpolate, "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--base", required=True)

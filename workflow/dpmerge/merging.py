@@ -439,16 +439,28 @@ def wudi_solve(matrices: list[torch.Tensor], iterations: int = 300, lr: float = 
     closed form, 2 (tau A - B) with A = sum_i tau_i^T tau_i / ||tau_i||^2 and B = sum_i tau_i tau_i^T tau_i /
     ||tau_i||^2 formed once, so a step costs one (out x in) @ (in x in) product instead of T (out x in x out)
     products and their backward; the iterates equal autograd's on the same loss up to rounding (tested).
-    A task vector with zero norm contributes no term (the reference would divide by zero).
+    A task vector with zero norm contributes no term (the reference would divide by zero). Memory: the T
+    matrices (one tensor per task), A, B and Adam's two moments.
     """
-    stacked = torch.stack(matrices)
-    norms = stacked.reshape(len(matrices), -1).pow(2).sum(1)
-    gram_weight = torch.where(norms > 0, 1 / torch.where(norms > 0, norms, torch.ones_like(norms)), 0.0)
-    grams = stacked.transpose(1, 2) @ stacked  # (T, in, in)
-    a = (grams * gram_weight[:, None, None]).sum(0)
-    b = ((stacked @ grams) * gram_weight[:, None, None]).sum(0)
-    constant = ((stacked @ grams) * stacked).sum((1, 2)) @ gram_weight
-    tau = torch.nn.Parameter(stacked.sum(0))
+    # A, B and the constant are accumulated one task at a time: T (in x in) Grams at once would be 8 x 38 MB
+    # for ViT-B/32's fc2, more than the task vectors themselves.
+    a = torch.zeros(matrices[0].shape[1], matrices[0].shape[1], dtype=matrices[0].dtype)
+    b = torch.zeros_like(matrices[0])
+    constant = torch.zeros((), dtype=matrices[0].dtype)
+    for matrix in matrices:
+        norm = matrix.pow(2).sum()
+        if norm == 0:
+            continue
+        gram = matrix.T @ matrix
+        projected = matrix @ gram
+        a.add_(gram / norm)
+        b.add_(projected / norm)
+        constant += (projected * matrix).sum() / norm
+        del gram, projected
+    start = matrices[0].clone()
+    for matrix in matrices[1:]:
+        start.add_(matrix)
+    tau = torch.nn.Parameter(start)
     optimizer = torch.optim.Adam([tau], lr=lr, weight_decay=0)
     losses = []
     with torch.no_grad():

@@ -109,17 +109,19 @@ for _name, _backbone in config["backbones"].items():
         if _method not in METHODS:
             _config_error(f"backbones.{_name}.finetune.by_method: unknown method {_method!r}; known: {', '.join(METHODS)}")
         _check_finetune_overrides(f"backbones.{_name}.finetune.by_method.{_method}", _overrides)
-_interp = config["diagnostics"]["interpolation"]
-if _interp["operator"] not in config["merge"]:
-    _config_error(
-        f"diagnostics.interpolation.operator: {_interp['operator']!r} is not among the configured merge "
-        f"operators ({', '.join(config['merge'])})"
-    )
-if OPERATORS[merge_operator(_interp["operator"])].parts_layout is not None:
-    _config_error(
-        f"diagnostics.interpolation.operator: {_interp['operator']!r} gives one model per task, not one merged "
-        "model to interpolate towards"
-    )
+for _diagnostic in ("interpolation", "curvature"):
+    _target = config["diagnostics"][_diagnostic]["operator"]
+    if _target not in config["merge"]:
+        _config_error(
+            f"diagnostics.{_diagnostic}.operator: {_target!r} is not among the configured merge operators "
+            f"({', '.join(config['merge'])})"
+        )
+    if OPERATORS[merge_operator(_target)].parts_layout is not None:
+        _config_error(
+            f"diagnostics.{_diagnostic}.operator: {_target!r} gives one model per task, not one merged model"
+        )
+if config["diagnostics"]["curvature"]["gammas"][0] != 0:
+    _config_error("diagnostics.curvature.gammas: the first point must be 0 (the task model itself)")
 for _name in config["merge"]:
     if OPERATORS[merge_operator(_name)].task_vectors_only and config["merge"][_name].get("vectors") == "difference":
         _config_error(f"merge.{_name}.vectors: {merge_operator(_name)} is defined on task vectors only")
@@ -203,6 +205,7 @@ SCORES_INDIVIDUAL = result("scores/individual/{backbone}/{eps}/{method}/{seed}.p
 SCORES_MERGED = result("scores/merged/{backbone}/{eps}/{method}/{seed}/{operator}.parquet")
 DRIFT = result("diagnostics/drift/{backbone}/{eps}/{method}/{seed}.parquet")
 INTERPOLATION = result("diagnostics/interpolation/{backbone}/{eps}/{method}/{seed}.parquet")
+CURVATURE = result("diagnostics/curvature/{backbone}/{eps}/{method}/{seed}.parquet")
 TABLE1 = result("tables/table1_{backbone}_{eps}")
 FIGURE_INTERPOLATION = result("figures/interpolation_{backbone}_{eps}")
 LEDGER_TABLE = result("privacy/ledger.parquet")
@@ -252,6 +255,7 @@ def all_targets():
     targets = [LEDGER_REPORT]
     for g in release_grid():
         targets.append(DRIFT.format(**g))
+        targets.append(CURVATURE.format(**g))
     for b in config["backbones"]:
         for e in PRIVATE_EPS:
             targets += [TABLE1.format(backbone=b, eps=e) + ext for ext in (".parquet", ".md", ".tex")]
@@ -301,6 +305,10 @@ def all_statistics():
 
 def interpolation_merged_model(wildcards):
     return MERGED.format(operator=config["diagnostics"]["interpolation"]["operator"], **wildcards)
+
+
+def curvature_merged_model(wildcards):
+    return MERGED.format(operator=config["diagnostics"]["curvature"]["operator"], **wildcards)
 
 
 def table1_caption(wildcards):
