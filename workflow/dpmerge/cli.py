@@ -486,12 +486,15 @@ def cmd_interpolate(args) -> None:
 
 
 def cmd_curvature(args) -> None:
-    from dpmerge.diagnostics import hessian_max_eigenvalue, merge_gap_bound, sharpness_proxy, task_loss
+    from dpmerge.diagnostics import merge_gap_bound, sharpness_proxy, task_loss
     from dpmerge.taskvectors import load_tensors
 
     _set_threads(args.threads)
     if not args.rho > 0:
         raise SystemExit(f"error: --rho must be > 0, got {args.rho}")
+    if args.iterations < 1 or args.max_examples < 1:
+        raise SystemExit(f"error: --iterations and --max-examples must be >= 1, got {args.iterations}, "
+                         f"{args.max_examples}")
     if not args.gammas or any(not 0 <= g <= 1 for g in args.gammas) or args.gammas[0] != 0:
         raise SystemExit(f"error: --gammas must start at 0 and lie in [0, 1], got {args.gammas}")
     backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
@@ -660,7 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("curvature", cmd_curvature,
             "Per task: sharpness proxy, Hessian lambda_max (power iteration), merge gap and Theorem 5.2's bound.")
-    p.add_argument("--backbone-spec", required=True, help="JSON backbone spec (as prepare)")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
     p.add_argument("--merged", required=True, help="merged model (safetensors) the gap is measured to")
     p.add_argument("--task-vectors", nargs="+", required=True)
@@ -676,6 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-examples", type=int, default=64, help="seeded test subsample per task (default 64)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-o", "--out", required=True, help="output Parquet, one row per task")
+
     p = add("interpolate", cmd_interpolate, "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--base", required=True)

@@ -17,11 +17,10 @@ On any differentiable loss given as a function of a parameter mapping (name -> t
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from collections.abc import Callable
 
+import numpy as np
+import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 

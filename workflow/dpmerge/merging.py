@@ -759,8 +759,8 @@ def regmean_solve(matrices, grams, reduce_non_diagonal_ratio: float):
     pseudo-inverse keeps privatized (possibly indefinite) or rank-deficient Grams well defined.
 
     `matrices` and `grams` may be generators: one task's W_i and G_i are held at a time, and the pseudo-inverse
-    is applied through one eigendecomposition of sum G_i (the cutoff of torch.linalg.pinv) without forming it,
-    so the float64 work beyond the inputs is a few in x in matrices whatever the task count."""
+    is applied without forming it (weighted_times_pinv), so the float64 work beyond the inputs is a few
+    in x in matrices whatever the task count."""
     total = weighted = None
     for matrix, gram in zip(matrices, grams):
         reduced = gram.to(torch.float64, copy=True)  # a copy: the caller's Gram is never modified
@@ -1003,7 +1003,7 @@ class DifferenceSource(VectorSource):
 
     def mean(self, key: str) -> torch.Tensor:
         if key != self._key:
-            self._mean = None  # drop the previous name's mean before summing this one's
+            self._key = self._mean = None  # drop the previous name's mean before summing this one's
             total = None
             for index in range(len(self.source)):
                 tensor = self.source.tensor(index, key)
