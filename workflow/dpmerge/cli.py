@@ -453,6 +453,14 @@ def cmd_drift(args) -> None:
     _log(f"[drift] mean reference drift {mean:.6f}")
 
 
+def _test_subsample(prepared: dict, max_examples: int):
+    """(features, labels) of a fixed, seeded test subsample: a diagnostic's cost stays predictable and every
+    diagnostic and model sees the same examples."""
+    n = min(max_examples, int(prepared["test_labels"].shape[0]))
+    pick = torch.randperm(prepared["test_labels"].shape[0], generator=torch.Generator().manual_seed(0))[:n]
+    return tuple(f[pick] for f in prepared["test_features"]), prepared["test_labels"][pick]
+
+
 def cmd_interpolate(args) -> None:
     import numpy as np
 
@@ -469,12 +477,10 @@ def cmd_interpolate(args) -> None:
     gammas = np.linspace(0.0, 1.0, args.points)
     rows = []
     for vector, (head, meta, prepared) in zip(vectors, tasks):
-        n = min(args.max_examples, int(prepared["test_labels"].shape[0]))
-        # A fixed, seeded subsample keeps the diagnostic's cost predictable and identical across models.
-        pick = torch.randperm(prepared["test_labels"].shape[0], generator=torch.Generator().manual_seed(0))[:n]
-        features = tuple(f[pick] for f in prepared["test_features"])
+        features, labels = _test_subsample(prepared, args.max_examples)
+        n = int(labels.shape[0])
         curve = interpolation_curve(
-            backbone, base, vector, merged_vector, head, features, prepared["test_labels"][pick],
+            backbone, base, vector, merged_vector, head, features, labels,
             prepared["task_spec"]["metric"], gammas,
         )
         barrier = barrier_height(gammas, np.array([r["loss"] for r in curve]))
@@ -504,10 +510,9 @@ def cmd_curvature(args) -> None:
     tasks = _load_heads_and_data(args.heads, args.data)
     rows = []
     for vector, (head, meta, prepared) in zip(vectors, tasks):
-        n = min(args.max_examples, int(prepared["test_labels"].shape[0]))
-        pick = torch.randperm(prepared["test_labels"].shape[0], generator=torch.Generator().manual_seed(0))[:n]
-        features = tuple(f[pick] for f in prepared["test_features"])
-        loss = task_loss(backbone, head, features, prepared["test_labels"][pick])
+        features, labels = _test_subsample(prepared, args.max_examples)
+        n = int(labels.shape[0])
+        loss = task_loss(backbone, head, features, labels)
         task_params = {name: base[name] + vector[name] for name in base}
         merged_params = {name: merged[name] for name in base}
         sharpness = sharpness_proxy(loss, task_params, args.rho)
