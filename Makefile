@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 
 demo: install
 	$(BIN)/snakemake --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
+	# every table and figure, captioned, in one self-contained HTML file
+	$(BIN)/snakemake --cores 1 --configfile config.yaml --workflow-profile profiles/local --report results/report.html
 
 dry-run: install
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local

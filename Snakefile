@@ -8,6 +8,9 @@ min_version("9.20")
 configfile: "config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/merge.smk"

@@ -17,12 +17,34 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "dpmerge.cli", *args], capture_output=True, text=True)
 
 
-def test_every_command_has_help():
-    assert run_cli("--help").returncode == 0
+def test_every_command_has_help(capsys):
+    assert run_cli("--help").returncode == 0  # the real entry point once; each command's help in process
     for command in COMMANDS:
-        result = run_cli(command, "--help")
-        assert result.returncode == 0, command
-        assert "usage: dpmerge " + command in result.stdout
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--help"])
+        assert stop.value.code == 0, command
+        assert "usage: dpmerge " + command in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("label,hparams,message", [
+    ("dp_merging-rho0.1", '{"rho": 0.2}', "--method dp_merging-rho0.1 says rho = 0.1, but --hparams gives 0.2"),
+    ("dp_merging-lambda0.5", "{}", "says anchor_lambda = 0.5, but --hparams gives no value"),
+    ("dp_merging-sigma2", "{}", "expected <method>-<rho|lambda><value>"),
+    ("dpsgd", "{}", "unknown method 'dpsgd'"),
+])
+def test_finetune_refuses_a_sweep_label_its_settings_contradict(tmp_path, label, hparams, message):
+    result = run_cli("finetune", "--backbone", "x", "--backbone-spec", "{}", "--data", str(tmp_path / "none.pt"),
+                     "--method", label, "--hparams", hparams, "--out-vector", str(tmp_path / "v"),
+                     "--out-head", str(tmp_path / "h"))
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_sweep_labels_round_trip():
+    from dpmerge.methods import parse_label, sweep_label
+
+    assert parse_label("naive_dp") == ("naive_dp", {})
+    assert parse_label(sweep_label("dp_merging", "rho", 0.1)) == ("dp_merging", {"rho": 0.1})
+    assert parse_label(sweep_label("dp_anchor", "anchor_lambda", 1e-5)) == ("dp_anchor", {"anchor_lambda": 1e-5})
 
 
 def record(**overrides):

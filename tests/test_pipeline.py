@@ -38,9 +38,13 @@ TINY = {
               "regmean": {"statistics": {"data": "public", "examples": 16}},
               "fisher": {"statistics": {"data": "private", "examples": 32, "clip_norm": 0.01, "epsilon": 1.0}},
               "dts_difference": {"operator": "dts", "vectors": "difference", "rank_fraction": 0.5}},
+    # One more budget (Table 4, Fig. 3) and one more rho (Table 6) on effnet; Tables 5 and 7 lack their runs
+    "sweeps": {"epsilon": {"epsilons": [8], "backbones": ["effnet"]},
+               "rho": {"values": [0.2], "backbones": ["effnet"]}},
     "diagnostics": {"interpolation": {"operator": "weight_averaging", "points": 3, "max_examples": 24},
                     "curvature": {"operator": "weight_averaging", "iterations": 3, "gammas": [0.0, 1.0],
-                                  "max_examples": 24}},
+                                  "max_examples": 24},
+                    "landscape": {"operator": "weight_averaging", "points": 3, "span": 0.5, "max_examples": 8}},
 }
 
 
@@ -69,8 +73,8 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     results = finished_run / "results"
     # every released task vector carries its privacy record and stays within budget
     ledger = pd.read_parquet(results / "privacy/ledger.parquet")
-    assert len(ledger) == 8 and ledger["record_complete"].all()
-    assert (ledger["spent_epsilon"].astype(float) <= 4.0).all()
+    assert len(ledger) == 14 and ledger["record_complete"].all()  # 8 main + 4 at epsilon 8 + 2 at rho 0.2
+    assert (ledger["spent_epsilon"].astype(float) <= ledger["target_epsilon"].astype(float)).all()
     assert set(ledger["queries_per_step"]) == {1, 2}
     assert "PASS" in (results / "privacy/ledger.md").read_text()
     _, meta = load_tensors(results / "taskvectors/effnet/eps4/dp_merging/s0/digits.safetensors")
@@ -110,7 +114,8 @@ def test_outputs_hold_the_values_they_claim(finished_run):
 
     # Table 1: the paper's rows and columns, scores on a 0-100 scale, improvement = difference
     table = pd.read_parquet(results / "tables/table1_effnet_eps4.parquet").set_index("row")
-    assert list(table.columns) == ["digits", "textures", "Avg."]
+    assert (table.pop("seeds") == 1).all()
+    assert list(table.columns) == ["digits", "textures", "Avg."]  # one seed: no std columns
     assert {"DP Individual", "DP-Merging Individual", "DP + Weight Averaging", "DP-Merging + TIES"} <= set(table.index)
     assert table.loc["  improvement (TIES)"].to_numpy() == pytest.approx(
         (table.loc["DP-Merging + TIES"] - table.loc["DP + TIES"]).to_numpy())
@@ -130,7 +135,8 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     statistics = pd.read_parquet(results / "privacy/merge_statistics.parquet")
     private = statistics.query("kind == 'fisher'")
     assert len(private) == 8 and (private["source"] == "private").all() and (private["examples"] == 32).all()
-    spent = ledger.set_index(["backbone", "method", "task"])["spent_epsilon"].astype(float)
+    main_grid = ledger[ledger["path"].str.contains(r"/eps4/(?:naive_dp|dp_merging)/s0/", regex=True)]
+    spent = main_grid.set_index(["backbone", "method", "task"])["spent_epsilon"].astype(float)
     for row in private.itertuples():
         assert float(row.total_epsilon) > spent[(row.backbone, row.method, row.task)]
         assert float(row.statistic_epsilon) == 1.0 and float(row.noise_multiplier) > 0
@@ -148,6 +154,77 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     assert (drift["drift"] > 0).all() and drift["mean_drift"].iloc[0] == pytest.approx(drift["drift"].mean())
 
 
+def merged_average(results, backbone, eps, method, operator):
+    return pd.read_parquet(results / f"scores/merged/{backbone}/{eps}/{method}/s0/{operator}.parquet")["score"].mean()
+
+
+def test_paper_tables_figures_and_report(finished_run):
+    results = finished_run / "results"
+    # Table 4: the TIES averages of both budgets, from the sweep's own fine-tunes at epsilon 8
+    table4 = pd.read_parquet(results / "tables/table4_epsilon_sweep.parquet").set_index("row")
+    assert list(table4.index) == ["ε = 4", "ε = 8"]
+    for eps in (4, 8):
+        dp = merged_average(results, "effnet", f"eps{eps}", "naive_dp", "ties")
+        ours = merged_average(results, "effnet", f"eps{eps}", "dp_merging", "ties")
+        assert table4.loc[f"ε = {eps}", ["effnet DP", "effnet DP-Merging", "effnet improvement"]].tolist() == \
+            pytest.approx([dp, ours, ours - dp])
+    ledger = pd.read_parquet(results / "privacy/ledger.parquet")
+    swept = ledger.query("backbone == 'effnet' and target_epsilon.astype('str') == '8.0'")
+    assert len(swept) == 4 and (swept["spent_epsilon"].astype(float) <= 8.0).all()
+
+    # Table 6: DP-Merging at the configured rho (0.05) and the swept one (0.2), with the naive DP reference
+    _, meta = load_tensors(results / "taskvectors/effnet/eps4/dp_merging-rho0.2/s0/digits.safetensors")
+    assert meta["method"] == "dp_merging" and meta["rho"] == 0.2 and meta["anchor_lambda"] == 0.05
+    table6 = pd.read_parquet(results / "tables/table6_rho_effnet.parquet").set_index("row")
+    assert list(table6.index) == ["DP (naive)", "ρ = 0.05", "ρ = 0.2"]
+    assert table6.loc["ρ = 0.2", "Avg."] == pytest.approx(merged_average(results, "effnet", "eps4", "dp_merging-rho0.2", "ties"))
+    assert table6.loc["ρ = 0.05", "Avg."] == pytest.approx(merged_average(results, "effnet", "eps4", "dp_merging", "ties"))
+
+    # Table 8 and the GLUE-style language table; Tables 5 and 7 are skipped with their reasons
+    table8 = pd.read_parquet(results / "tables/table8_operators_minilm_eps4.parquet").set_index("row")
+    assert table8.loc["TIES", "Improvement"] == pytest.approx(table8.loc["TIES", "DP-Merging"] - table8.loc["TIES", "DP"])
+    assert "bbc_topic (accuracy)" in pd.read_parquet(results / "tables/table1_minilm_eps4.parquet").columns
+    index = (results / "tables/index.md").read_text()
+    assert "Table 5 (ablation), effnet, eps4: methods lack dp_sam, dp_anchor" in index
+    assert "Table 7 (lambda), effnet: no sweeps.anchor_lambda configured" in index
+    assert "Table 6 (rho), minilm: sweeps.rho.backbones leaves minilm out" in index
+    assert not list((results / "tables").glob("table5_*")) and not list((results / "tables").glob("table7_*"))
+    for name in ("table1_effnet_eps4", "table4_epsilon_sweep", "table6_rho_effnet", "table8_operators_effnet_eps4"):
+        assert (results / f"tables/{name}.tex").read_text().count(r"\toprule") == 1
+        assert "<table>" in (results / f"tables/{name}.html").read_text()
+
+    # curvature ran on the sweep's groups too (Fig. 3 has two budgets); landscapes of both methods
+    assert (results / "diagnostics/curvature/effnet/eps8/dp_merging/s0.parquet").exists()
+    # joint-task linearity of the one task pair, with the curvature file's lambda_max in its bound
+    linearity = pd.read_parquet(results / "diagnostics/linearity/effnet/eps4/dp_merging/s0.parquet")
+    curvature = pd.read_parquet(results / "diagnostics/curvature/effnet/eps4/dp_merging/s0.parquet").set_index("task")
+    assert list(linearity["alpha"]) == [0.25, 0.5, 0.75] and set(linearity["task_s"] + linearity["task_t"]) == {"digitstextures"}
+    w = {t: load_tensors(results / f"taskvectors/effnet/eps4/dp_merging/s0/{t}.safetensors")[0] for t in ("digits", "textures")}
+    distance_squared = sum(float(((w["digits"][k] - w["textures"][k]).double() ** 2).sum()) for k in w["digits"])
+    lambdas = curvature.loc["digits", "lambda_max_at_task"] + curvature.loc["textures", "lambda_max_at_task"]
+    assert linearity["bound"].tolist() == pytest.approx(
+        [0.5 * a * (1 - a) * lambdas * distance_squared for a in (0.25, 0.5, 0.75)], rel=1e-4)
+    assert np.isfinite(linearity["delta"]).all()
+    landscape = pd.read_parquet(results / "diagnostics/landscape/effnet/eps4/dp_merging/s0.parquet")
+    centre = landscape.query("a == 0 and b == 0").set_index("task")["loss"]
+    merged_scores = pd.read_parquet(results / "scores/merged/effnet/eps4/dp_merging/s0/weight_averaging.parquet")
+    assert len(landscape.query("task == 'mean'")) == 9 and set(centre.index) == {"digits", "textures", "mean"}
+    assert centre["mean"] == pytest.approx((centre["digits"] + centre["textures"]) / 2)
+    for figure in ("sharpness_drift_effnet", "gap_vs_bound_minilm", "landscape_effnet_eps4", "interpolation_effnet_eps4"):
+        assert (results / f"figures/{figure}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (results / f"figures/{figure}.pdf").read_bytes()[:4] == b"%PDF"
+
+    # one self-contained HTML report with every table and figure, captioned and grouped
+    report = finished_run / "report.html"
+    made = snakemake(finished_run, "--report", str(report))
+    assert made.returncode == 0, made.stderr[-3000:]
+    page = report.read_text()
+    for needle in ("table4_epsilon_sweep.html", "table6_rho_effnet.html", "landscape_effnet_eps4.png",
+                   "sharpness_drift_minilm.png", "gap_vs_bound_effnet.png", "index.md", "ledger.md",
+                   "Theorem 5.2", "Sensitivity (Tables 6, 7)", "Loss landscapes (Figs. 4, 5)"):
+        assert needle in page, needle
+
+
 def test_second_run_does_nothing(finished_run):
     result = snakemake(finished_run, "-n")
     assert result.returncode == 0
@@ -162,7 +239,10 @@ def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished
     result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
     assert result.returncode == 0, result.stderr[-2000:]
     # 2 backbones x 2 methods of TIES merges, their evaluations, and the two tables; no fine-tuning
-    assert planned_jobs(result.stdout + result.stderr) == {"merge": 4, "evaluate_merged": 4, "table1": 2, "all": 1}
+    # TIES runs in the main grid (2 backbones x 2 methods) and in effnet's epsilon-8 and rho-0.2 groups; Tables 4,
+    # 6 and 8 read TIES too
+    assert planned_jobs(result.stdout + result.stderr) == {
+        "merge": 7, "evaluate_merged": 7, "table1": 2, "table4": 1, "table6": 1, "table8": 2, "all": 1}
 
 
 def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(finished_run):
@@ -173,7 +253,8 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
     result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
     assert result.returncode == 0, result.stderr[-2000:]
     assert planned_jobs(result.stdout + result.stderr) == {
-        "merge_statistics": 4, "merge": 4, "evaluate_merged": 4, "table1": 2, "privacy_ledger": 1, "all": 1}
+        "merge_statistics": 4, "merge": 4, "evaluate_merged": 4, "table1": 2, "table8": 2, "privacy_ledger": 1,
+        "all": 1}
 
 
 @pytest.mark.parametrize(
@@ -207,6 +288,16 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
         (lambda c: c["backbones"]["effnet"].update(finetune={"lr": -1}), "backbones.effnet.finetune.lr"),
         (lambda c: c["backbones"]["effnet"].update(finetune={"by_method": {"dp_sam": {"rho": "big"}}}),
          "backbones.effnet.finetune.by_method.dp_sam.rho"),
+        (lambda c: c.update(tables={"operator": "task_arithmetic"}),
+         "tables.operator: 'task_arithmetic' is not among the configured merges"),
+        (lambda c: c["sweeps"]["epsilon"].update(operators=["dare"]),
+         "sweeps.epsilon.operators: 'dare' is not among the configured merges"),
+        (lambda c: c["sweeps"]["rho"].update(backbones=["vit"]), "sweeps.rho.backbones: unknown backbone 'vit'"),
+        (lambda c: c["sweeps"]["rho"].update(epsilon=2), "sweeps.rho.epsilon: 2 is not one of epsilons [4]"),
+        (lambda c: c["sweeps"]["rho"].update(method="naive_dp"), "sweeps.rho.method"),
+        (lambda c: c["sweeps"]["epsilon"].update(methods=["nonprivate"]), "sweeps.epsilon.methods"),
+        (lambda c: c["diagnostics"]["landscape"].update(operator="dts_difference"),
+         "diagnostics.landscape.operator: 'dts_difference' gives one model per task"),
     ],
 )
 def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, message):

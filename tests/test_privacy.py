@@ -72,3 +72,27 @@ def test_bad_inputs_name_the_field():
         spent_epsilon(1.0, 0.1, 10, 1e-5, accountant="gdp")
     with pytest.raises(ValueError, match="delta"):
         calibrate_noise_multiplier(4.0, 0.0, 0.1, 10)
+
+
+def ledger_row(task, rho=0.05, epsilon="4.0", **overrides):
+    row = {"path": f"{task}-{rho}-{epsilon}.safetensors", "task": task, "backbone": "b", "method": "dp_merging",
+           "rho": rho, "anchor_lambda": 0.05, "target_epsilon": epsilon, "spent_epsilon": "3.9", "seed": 0,
+           "delta": 1e-3, "record_complete": True}
+    row.update(overrides)
+    return row
+
+
+def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in_one_group():
+    import pandas as pd
+
+    from dpmerge.privacy_ledger import check_ledger, ledger_report
+
+    # the default run and a rho-sweep run on the same tasks: two alternative experiments, each in budget
+    sweep = pd.DataFrame([ledger_row("a"), ledger_row("b"), ledger_row("a", rho=0.2), ledger_row("b", rho=0.2)])
+    assert check_ledger(sweep) == []
+    report = ledger_report(sweep, [])
+    assert "| b | dp_merging | 0.2 | 0.05 | 4.0 | 0 | 2 |" in report and "composes their budgets" in report
+    twice = pd.DataFrame([ledger_row("a"), ledger_row("a", path="again.safetensors")])
+    assert "task(s) ['a'] released twice" in check_ledger(twice)[0]
+    over = pd.DataFrame([ledger_row("a", spent_epsilon="4.2")])
+    assert "spent epsilon 4.2 exceeds target 4.0" in check_ledger(over)[0]

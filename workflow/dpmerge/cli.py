@@ -126,19 +126,27 @@ def cmd_pretrained(args) -> None:
 def cmd_finetune(args) -> None:
     from dpmerge.evaluate import load_prepared
     from dpmerge.finetune import FinetuneConfig, finetune
+    from dpmerge.methods import parse_label
     from dpmerge.taskvectors import save_released
 
     _set_threads(args.threads)
     spec = _json_arg(args.backbone_spec, "--backbone-spec")
     hparams = _json_arg(args.hparams, "--hparams")
+    try:
+        method, swept = parse_label(args.method)
+    except ValueError as error:
+        raise SystemExit(f"error: --method: {error}")
+    for parameter, value in swept.items():
+        # A sweep's label and the settings it ran with must agree, or its tables would file it under a wrong value
+        if parameter not in hparams or float(hparams[parameter]) != value:
+            raise SystemExit(f"error: --method {args.method} says {parameter} = {value:g}, but --hparams gives "
+                             f"{hparams.get(parameter, 'no value')}")
     prepared = load_prepared(args.data)
     backbone = backbone_from_spec(spec)
     if prepared["pretrained_sha256"] != backbone.checkpoint_sha256:
         raise SystemExit(f"error: {args.data} was prepared from different pretrained weights; rerun prepare")
     try:
-        config = FinetuneConfig(
-            method=args.method, target_epsilon=args.epsilon, seed=args.seed, **hparams
-        )
+        config = FinetuneConfig(method=method, target_epsilon=args.epsilon, seed=args.seed, **hparams)
     except TypeError as error:
         raise SystemExit(f"error: bad fine-tuning hyperparameters {sorted(hparams)}: {error}")
     result = finetune(
@@ -381,6 +389,9 @@ def _identity(meta: dict) -> dict:
         "method": meta.get("method"),
         "target_epsilon": str(meta.get("target_epsilon")),
         "seed": meta.get("seed"),
+        # The sensitivity tables (6, 7) tell DP-Merging runs apart by these
+        "rho": float(meta.get("rho", 0.0)),
+        "anchor_lambda": float(meta.get("anchor_lambda", 0.0)),
     }
 
 
@@ -519,23 +530,173 @@ def cmd_curvature(args) -> None:
         gap = merge_gap_bound(loss, task_params, merged_params, args.gammas, args.iterations, args.tolerance,
                               seed=0)
         rows.append({**_identity(meta), "operator": merged_meta.get("merge_name", merged_meta["operator"]),
-                     "task": prepared["task"], "rho": args.rho, "sharpness": sharpness, **gap,
+                     "task": prepared["task"], "sharpness_rho": args.rho, "sharpness": sharpness, **gap,
                      "gammas": json.dumps(list(args.gammas)), "iterations": args.iterations, "num_examples": n})
         _log(f"[curvature] {prepared['task']}: sharpness {sharpness:.4g}, lambda_max {gap['lambda_max_at_task']:.4g}, "
              f"merge gap {gap['merge_gap']:.4g} <= bound {gap['bound']:.4g}")
     _write_parquet(rows, args.out)
 
 
+def cmd_landscape(args) -> None:
+    """The 2-D loss landscape of a merged model (paper App. B.4, Figs. 4, 5): every task's test loss and their
+    mean on the plane w_merge + a d1 + b d2, each task scored with its own head on a seeded test subsample."""
+    import math
+
+    import numpy as np
+
+    from dpmerge.diagnostics import filter_normalized_direction, loss_landscape, task_loss, task_vector_plane
+    from dpmerge.taskvectors import load_tensors
+
+    _set_threads(args.threads)
+    if args.points < 3:
+        raise SystemExit(f"error: --points must be >= 3 (the merged model and both sides of it), got {args.points}")
+    if not (args.span > 0 and math.isfinite(args.span)):
+        raise SystemExit(f"error: --span must be a finite number > 0, got {args.span}")
+    if args.max_examples < 1:
+        raise SystemExit(f"error: --max-examples must be >= 1, got {args.max_examples}")
+    if args.plane == "task_vectors" and len(args.task_vectors or []) < 2:
+        raise SystemExit(f"error: --plane task_vectors needs at least two --task-vectors (the first two span the "
+                         f"plane), got {len(args.task_vectors or [])}")
+    started = time.time()
+    backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
+    base, _ = load_tensors(args.base)
+    merged, merged_meta = load_tensors(args.merged)
+    if missing := sorted(set(base) - set(merged)):
+        raise SystemExit(f"error: --merged {args.merged} lacks tensors of --base: {missing[:3]}")
+    centre = {name: merged[name] for name in base}
+    operator = merged_meta.get("merge_name", merged_meta["operator"])
+    tasks = _load_heads_and_data(args.heads, args.data)
+    losses, examples = {}, {}
+    for head, _, prepared in tasks:
+        if prepared["task"] in losses:
+            raise SystemExit(f"error: task {prepared['task']!r} is given twice in --heads/--data")
+        features, labels = _test_subsample(prepared, args.max_examples)
+        losses[prepared["task"]] = task_loss(backbone, head, features, labels)
+        examples[prepared["task"]] = int(labels.shape[0])
+    if args.plane == "random":
+        d1, d2 = (filter_normalized_direction(centre, seed) for seed in (args.seed, args.seed + 1))
+        spanned_by = (f"random (seed {args.seed})", f"random (seed {args.seed + 1})")
+    else:
+        vectors, metas = _read_task_vectors(args.task_vectors[:2])
+        d1, d2 = task_vector_plane(*vectors)
+        spanned_by = (metas[0]["task"], metas[1]["task"])
+    # linspace(-span, span, points) written so that the centre is exactly 0 for odd points: the grid then holds
+    # the merged model itself, not a point a rounding error away from it
+    half = (args.points - 1) / 2
+    coordinates = args.span * (np.arange(args.points) - half) / half
+    _log(f"[landscape] {operator}: {args.plane} plane ({spanned_by[0]}, {spanned_by[1]}), {args.points}x{args.points} "
+         f"points in [-{args.span:g}, {args.span:g}]^2, {len(losses)} tasks, {max(examples.values())} examples max")
+    grid = loss_landscape(losses, centre, d1, d2, coordinates, coordinates,
+                          log=lambda line: _log(f"[landscape] {line}"))
+    identity = {**_identity(tasks[0][1]), "operator": operator, "plane": args.plane, "span": args.span,
+                "direction_1": spanned_by[0], "direction_2": spanned_by[1]}
+    # The mean row averages the tasks, so the examples behind it are all of theirs
+    rows = [{**identity, **row, "num_examples": examples.get(row["task"], sum(examples.values()))} for row in grid]
+    _write_parquet(rows, args.out)
+    _log(f"[landscape] wrote {args.out} in {time.time() - started:.1f}s")
+
+
+def cmd_linearity(args) -> None:
+    import itertools
+
+    import pandas as pd
+
+    from dpmerge.diagnostics import joint_task_linearity, task_loss
+    from dpmerge.taskvectors import load_tensors
+
+    _set_threads(args.threads)
+    if not args.alphas or any(not 0 < a < 1 for a in args.alphas):
+        raise SystemExit(f"error: --alphas must lie strictly between 0 and 1, got {args.alphas}")
+    curvature = pd.read_parquet(args.curvature)
+    if "lambda_max_at_task" not in curvature.columns:
+        raise SystemExit(f"error: {args.curvature} has no lambda_max_at_task column; give a 'dpmerge curvature' file")
+    lambda_max = curvature.drop_duplicates("task").set_index("task")["lambda_max_at_task"]
+    used = set(curvature["num_examples"]) if "num_examples" in curvature.columns else set()
+    backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
+    base, _ = load_tensors(args.base)
+    vectors, _ = _read_task_vectors(args.task_vectors)
+    tasks = _load_heads_and_data(args.heads, args.data)
+    if len(tasks) < 2:
+        raise SystemExit("error: joint-task linearity needs two or more tasks")
+    models = []
+    for vector, (head, meta, prepared) in zip(vectors, tasks):
+        task = prepared["task"]
+        if task not in lambda_max.index:
+            raise SystemExit(f"error: {args.curvature} has no lambda_max for task {task!r}")
+        features, labels = _test_subsample(prepared, args.max_examples)
+        if used and int(labels.shape[0]) not in used:
+            raise SystemExit(f"error: --max-examples gives {labels.shape[0]} examples of {task}, but "
+                             f"{args.curvature} measured lambda_max on {sorted(used)}; use its max_examples")
+        params = {name: base[name] + vector[name] for name in base}
+        models.append((task, meta, task_loss(backbone, head, features, labels), params))
+    rows = []
+    for (s, meta, loss_s, w_s), (t, _, loss_t, w_t) in itertools.combinations(models, 2):
+        for point in joint_task_linearity(loss_s, loss_t, w_s, w_t, args.alphas, float(lambda_max[s]),
+                                          float(lambda_max[t])):
+            rows.append({**_identity(meta), "task_s": s, "task_t": t, **point})
+        worst = max(rows[-len(args.alphas):], key=lambda r: abs(r["delta"]))
+        _log(f"[linearity] {s} / {t}: largest |delta| {abs(worst['delta']):.4g} at alpha {worst['alpha']:g}, "
+             f"bound {worst['bound']:.4g}")
+    _write_parquet(rows, args.out)
+
+
+TABLE_KINDS = {
+    "multitask": "Tables 1-3: every method's individual and merged scores per task (--metric-in-header: GLUE style)",
+    "epsilon_sweep": "Table 4: --operator's average merged score per privacy budget, naive DP vs DP-Merging",
+    "ablation": "Table 5: naive DP, w/o alignment, w/o flatness, full DP-Merging, per operator",
+    "rho": "Table 6: DP-Merging + --operator at each SAM radius rho",
+    "anchor_lambda": "Table 7: DP-Merging + --operator at each anchor strength lambda",
+    "operators": "Table 8: naive DP vs DP-Merging per merge operator",
+}
+
+
 def cmd_table(args) -> None:
     import pandas as pd
 
-    from dpmerge.tables import table1, write_table
+    from dpmerge import tables
 
-    frames = [pd.read_parquet(p) for p in args.scores]
-    scores = pd.concat(frames, ignore_index=True)
-    table = table1(scores)
-    for path in write_table(table, args.out_prefix, args.caption):
+    scores = pd.concat([pd.read_parquet(p) for p in args.scores], ignore_index=True)
+    if args.metric_in_header and args.kind != "multitask":
+        raise SystemExit("error: --metric-in-header applies to --kind multitask only")
+    try:
+        if args.kind == "multitask":
+            table = tables.table1(scores, metric_in_header=args.metric_in_header)
+        elif args.kind == "epsilon_sweep":
+            table = tables.table_epsilon_sweep(scores, operator=args.operator)
+        elif args.kind == "ablation":
+            table = tables.table_ablation(scores)
+        elif args.kind in ("rho", "anchor_lambda"):
+            table = tables.table_sensitivity(scores, args.kind, operator=args.operator)
+        else:
+            table = tables.table_operators(scores)
+    except ValueError as error:
+        raise SystemExit(f"error: {args.kind} table from {len(args.scores)} score files: {error}")
+    for path in tables.write_table(table, args.out_prefix, args.caption):
         _log(f"[table] wrote {path}")
+
+
+def cmd_plot_sharpness_drift(args) -> None:
+    import pandas as pd
+
+    from dpmerge.figures import plot_sharpness_drift
+
+    curvature = pd.concat([pd.read_parquet(p) for p in args.curvature], ignore_index=True)
+    drift = pd.concat([pd.read_parquet(p) for p in args.drift], ignore_index=True)
+    try:
+        plot_sharpness_drift(curvature, drift, args.out, args.title)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}")
+    _log(f"[figure] wrote {', '.join(args.out)}")
+
+
+def cmd_plot_gap_bound(args) -> None:
+    import pandas as pd
+
+    from dpmerge.figures import plot_gap_vs_bound
+
+    curvature = pd.concat([pd.read_parquet(p) for p in args.curvature], ignore_index=True)
+    plot_gap_vs_bound(curvature, args.out, args.title)
+    _log(f"[figure] wrote {', '.join(args.out)}")
 
 
 def cmd_plot_interpolation(args) -> None:
@@ -546,6 +707,17 @@ def cmd_plot_interpolation(args) -> None:
     curves = pd.concat([pd.read_parquet(p) for p in args.curves], ignore_index=True)
     for out in args.out:
         plot_interpolation(curves, out, args.title)
+        _log(f"[figure] wrote {out}")
+
+
+def cmd_plot_landscape(args) -> None:
+    import pandas as pd
+
+    from dpmerge.figures import plot_landscape
+
+    frames = [pd.read_parquet(p) for p in args.landscapes]
+    for out in args.out:
+        plot_landscape(frames, out, args.title)
         _log(f"[figure] wrote {out}")
 
 
@@ -607,7 +779,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone", required=True)
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
-    p.add_argument("--method", required=True, help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor")
+    p.add_argument("--method", required=True,
+                   help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor; a sensitivity run's label such as "
+                        "dp_merging-rho0.1 or dp_merging-lambda0.5 must match the value in --hparams")
     p.add_argument("--epsilon", type=float, default=None, help="target epsilon (delta = 1/N)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hparams", default="{}", help="JSON of FinetuneConfig fields (epochs, batch_size, lr, ...)")
@@ -666,6 +840,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-vectors", nargs="+", required=True)
     p.add_argument("-o", "--out", required=True)
 
+    p = add("linearity", cmd_linearity,
+            "Joint-task loss linearity (Theorem C.8) per task pair: delta_{s,t}(alpha) = L_JTL(alpha w_s + "
+            "(1 - alpha) w_t) - alpha L_JTL(w_s) - (1 - alpha) L_JTL(w_t), L_JTL = L_s + L_t, beside its bound "
+            "1/2 alpha (1 - alpha) (lambda_s + lambda_t) ||w_s - w_t||^2 with lambda from a curvature file.")
+    p.add_argument("--curvature", required=True, help="the release group's 'dpmerge curvature' file (lambda_max per task)")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
+    p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (safetensors), one per task")
+    p.add_argument("--heads", nargs="+", required=True, help="one head per task vector, same order")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order")
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75],
+                   help="points strictly inside (0, 1) of the segment between two task models (default 0.25 0.5 0.75)")
+    p.add_argument("--max-examples", type=int, default=64,
+                   help="seeded test subsample per task; must match the curvature file's (default 64)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="output .parquet")
+
     p = add("curvature", cmd_curvature,
             "Per task: sharpness proxy, Hessian lambda_max (power iteration), merge gap and Theorem 5.2's bound.")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
@@ -697,14 +888,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-o", "--out", required=True)
 
-    p = add("table", cmd_table, "Table-1-shaped table (Parquet, Markdown, LaTeX) from evaluation files.")
-    p.add_argument("scores", nargs="+", help="evaluation .parquet files")
-    p.add_argument("--caption", default="")
-    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
+    p = add("landscape", cmd_landscape,
+            "2-D loss landscape of a merged model (paper App. B.4, Figs. 4, 5): every task's test loss and their "
+            "mean at w_merge + a d1 + b d2, on two filter-normalised random directions (Li et al. 2018) or on "
+            "the plane of two task vectors.")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained top weights w0 (safetensors)")
+    p.add_argument("--merged", required=True, help="merged model (safetensors): the centre (0, 0) of the plane")
+    p.add_argument("--task-vectors", nargs="+",
+                   help="task vectors (safetensors); the first two span the task_vectors plane, the random plane "
+                        "does not use them")
+    p.add_argument("--heads", nargs="+", required=True, help="one head per task, same order as --data")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files; the mean over these tasks is "
+                                                            "the merged model's multi-task loss")
+    p.add_argument("--plane", choices=["random", "task_vectors"], default="random",
+                   help="random: two filter-normalised Gaussian directions (biases and norm layers unmoved); "
+                        "task_vectors: the first two task vectors, unscaled (default random)")
+    p.add_argument("--points", type=int, default=9, help="grid points per axis, >= 3 (default 9: 81 points)")
+    p.add_argument("--span", type=float, default=1.0,
+                   help="each coordinate runs over linspace(-span, span, points) (default 1.0)")
+    p.add_argument("--max-examples", type=int, default=64, help="seeded test subsample per task (default 64)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random directions: seed and seed + 1 (default 0)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("-o", "--out", required=True,
+                   help="output Parquet: per grid point (a, b) one row per task and one of task 'mean'")
+
+    kinds = "; ".join(f"{name} = {text}" for name, text in TABLE_KINDS.items())
+    p = add("table", cmd_table, f"A paper table (Parquet, Markdown, LaTeX, HTML) from evaluation files: {kinds}. "
+                                "Cells are means over seeds, with +- the standard deviation where there are several.")
+    p.add_argument("scores", nargs="+", help="evaluation .parquet files ('dpmerge evaluate')")
+    p.add_argument("--kind", choices=list(TABLE_KINDS), default="multitask", help="which table (see above)")
+    p.add_argument("--operator", default="ties", help="merge the epsilon_sweep, rho and anchor_lambda tables report")
+    p.add_argument("--metric-in-header", action="store_true", help="name each task's metric in its column header")
+    p.add_argument("--caption", default="", help="caption written above the table")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex, PREFIX.html")
+
+    p = add("plot-sharpness-drift", cmd_plot_sharpness_drift,
+            "Fig. 3: sharpness proxy and reference drift against epsilon, one line per method.")
+    p.add_argument("--curvature", nargs="+", required=True, help="curvature .parquet files ('dpmerge curvature')")
+    p.add_argument("--drift", nargs="+", required=True, help="drift .parquet files ('dpmerge drift')")
+    p.add_argument("--title", default="", help="figure title")
+    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+
+    p = add("plot-gap-bound", cmd_plot_gap_bound,
+            "Measured merge gap against Theorem 5.2's bound and Eq. (3)'s second-order estimate, per task model.")
+    p.add_argument("curvature", nargs="+", help="curvature .parquet files ('dpmerge curvature')")
+    p.add_argument("--title", default="", help="figure title")
+    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
 
     p = add("plot-interpolation", cmd_plot_interpolation, "Figure of interpolation curves per task and method.")
     p.add_argument("curves", nargs="+", help="interpolation .parquet files")
     p.add_argument("--title", default="")
+    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+
+    p = add("plot-landscape", cmd_plot_landscape,
+            "Contour figure of loss landscapes (paper Figs. 4, 5): one panel per file, on one shared loss scale.")
+    p.add_argument("landscapes", nargs="+", help="landscape .parquet files from 'dpmerge landscape', one per panel")
+    p.add_argument("--title", default="", help="figure title")
     p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
 
     p = add("ledger", cmd_ledger, "Collect and check the privacy records of all released task vectors.")

@@ -25,3 +25,29 @@ METHODS: dict[str, Method] = {
     "dp_sam": Method("dp_sam", True, True, False, "DP-Merging without alignment (lambda = 0)"),
     "dp_anchor": Method("dp_anchor", True, False, True, "DP-Merging without flatness (anchor only, one query per step)"),
 }
+
+
+# A sensitivity sweep (paper Tables 6, 7) fine-tunes a method again at another value of one hyperparameter; its
+# release groups are labelled "<method>-<short name><value>", e.g. dp_merging-rho0.1 or dp_merging-lambda0.5.
+SWEPT_PARAMETERS: dict[str, str] = {"rho": "rho", "anchor_lambda": "lambda"}
+
+
+def sweep_label(method: str, parameter: str, value: float) -> str:
+    return f"{method}-{SWEPT_PARAMETERS[parameter]}{float(value):g}"
+
+
+def parse_label(label: str) -> tuple[str, dict[str, float]]:
+    """(method, {parameter: value}) of a release-group label: 'dp_merging-rho0.1' -> ('dp_merging', {'rho': 0.1})."""
+    method, _, suffix = label.partition("-")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} in {label!r}; known: {', '.join(METHODS)}")
+    if not suffix:
+        return method, {}
+    for parameter, short in SWEPT_PARAMETERS.items():
+        if suffix.startswith(short):
+            try:
+                return method, {parameter: float(suffix.removeprefix(short))}
+            except ValueError:
+                break
+    raise ValueError(f"{label!r}: expected <method>-<{'|'.join(SWEPT_PARAMETERS.values())}><value>, "
+                     f"e.g. {sweep_label(method, 'rho', 0.1)}")

@@ -1,8 +1,12 @@
 """The privacy ledger: one row per released task vector, checked as a whole.
 
 Checks: every private row carries the full record and spent <= target epsilon; within one release group
-(backbone, method, target epsilon, seed) each task appears once and the tasks' datasets are disjoint, so the
-group's release is (max epsilon, max delta)-DP by parallel composition (paper, Thm. 5.1).
+(backbone, method and its rho / lambda, target epsilon, seed) each task appears once and the tasks' datasets are
+disjoint, so the group's release is (max epsilon, max delta)-DP by parallel composition (paper, Thm. 5.1).
+
+Each release group is one experiment's release: the grid's other budgets, seeds, methods and sensitivity settings
+are alternative experiments on the same data, each accounted on its own. Publishing several of them together
+composes their budgets; the report says so.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import pandas as pd
 
 from dpmerge.taskvectors import PRIVACY_FIELDS, read_metadata
 
-GROUP = ["backbone", "method", "target_epsilon", "seed"]
+# rho and anchor_lambda tell a sensitivity sweep's runs (Tables 6, 7) apart from the method's default run
+GROUP = ["backbone", "method", "rho", "anchor_lambda", "target_epsilon", "seed"]
 
 
 def build_ledger(paths: list[str]) -> pd.DataFrame:
@@ -84,13 +89,17 @@ def check_statistics(statistics: pd.DataFrame, ledger: pd.DataFrame) -> list[str
 def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None) -> str:
     lines = ["# Privacy ledger", "", f"{len(ledger)} released task vectors.", ""]
     lines += ["## Release groups (parallel composition over disjoint task datasets)", ""]
-    lines += ["| backbone | method | target eps | seed | tasks | max spent eps | max delta |", "|---|---|---|---|---|---|---|"]
+    lines += ["Each group is one experiment's release. Groups on the same tasks (other budgets, seeds, methods or "
+              "rho / lambda) are alternative experiments on the same data: publishing several composes their budgets.",
+              ""]
+    lines += ["| backbone | method | rho | lambda | target eps | seed | tasks | max spent eps | max delta |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for key, group in ledger.groupby(GROUP, dropna=False):
         spent = max(_as_float(v) for v in group["spent_epsilon"])
         delta = max(float(v) for v in group["delta"])
-        lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {len(group)} | {spent:.4f} | {delta:.3g} |"
-        )
+        backbone, method, rho, anchor_lambda, target, seed = key
+        lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {target} | {seed} | {len(group)} | "
+                     f"{spent:.4f} | {delta:.3g} |")
     if statistics is not None and len(statistics):
         lines += ["", "## Merge statistics (RegMean Grams, Fisher)", "",
                   "Public statistics read only examples held out of private training (no privacy cost). Private "

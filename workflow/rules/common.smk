@@ -8,7 +8,7 @@ from snakemake.utils import validate
 validate(config, schema="../schemas/config.schema.yaml")
 
 from dpmerge.backbones import BACKBONES
-from dpmerge.methods import METHODS
+from dpmerge.methods import METHODS, SWEPT_PARAMETERS, parse_label, sweep_label
 from dpmerge.merging import NEEDS_STATISTICS, OPERATORS
 from dpmerge.tasks import TASKS
 
@@ -109,7 +109,7 @@ for _name, _backbone in config["backbones"].items():
         if _method not in METHODS:
             _config_error(f"backbones.{_name}.finetune.by_method: unknown method {_method!r}; known: {', '.join(METHODS)}")
         _check_finetune_overrides(f"backbones.{_name}.finetune.by_method.{_method}", _overrides)
-for _diagnostic in ("interpolation", "curvature"):
+for _diagnostic in ("interpolation", "curvature", "landscape"):
     _target = config["diagnostics"][_diagnostic]["operator"]
     if _target not in config["merge"]:
         _config_error(
@@ -138,7 +138,21 @@ def eps_value(label):
 
 
 def eps_labels_for(method):
-    return ["epsinf"] if not METHODS[method].private else [eps_label(e) for e in config["epsilons"]]
+    return ["epsinf"] if not METHODS[method_of(method)].private else [eps_label(e) for e in config["epsilons"]]
+
+
+# Sensitivity sweeps (Tables 6, 7) fine-tune a method again at other values of one hyperparameter; the release
+# group's label carries the value ("dp_merging-rho0.1"), the task vectors record it, the default run keeps the
+# plain method name.
+SENSITIVITY_LABELS = SWEPT_PARAMETERS
+
+
+def method_of(label):
+    return parse_label(label)[0]
+
+
+def sensitivity_override(label):
+    return parse_label(label)[1]
 
 
 PRIVATE_EPS = [eps_label(e) for e in config["epsilons"]]
@@ -150,7 +164,7 @@ wildcard_constraints:
     backbone="[A-Za-z0-9-]+",
     task="[a-z0-9_]+",
     eps=r"eps(inf|[0-9.]+)",
-    method="|".join(METHODS),
+    method="(?:" + "|".join(METHODS) + ")(?:-(?:" + "|".join(SENSITIVITY_LABELS.values()) + ")[0-9][0-9.e+-]*)?",
     seed=r"s[0-9]+",
     operator="|".join(sorted(config["merge"], key=len, reverse=True)),
 
@@ -163,15 +177,22 @@ def backbone_spec(wildcards):
     return json.dumps(spec, sort_keys=True)
 
 
-def finetune_hparams(wildcards):
+def finetune_settings(backbone, method):
     """Global settings < global by_method[method] < backbone's finetune < backbone's by_method[method]."""
     merged = {}
-    for level in (config["finetune"], config["backbones"][wildcards.backbone].get("finetune", {})):
+    for level in (config["finetune"], config["backbones"][backbone].get("finetune", {})):
         level = dict(level)
         by_method = level.pop("by_method", {})
         merged.update(level)
-        merged.update(by_method.get(wildcards.method, {}))
-    return json.dumps(merged, sort_keys=True)
+        merged.update(by_method.get(method, {}))
+    return merged
+
+
+def finetune_hparams(wildcards):
+    """The release group's settings; a sensitivity label's value overrides them last."""
+    settings = finetune_settings(wildcards.backbone, method_of(wildcards.method))
+    settings.update(sensitivity_override(wildcards.method))
+    return json.dumps(settings, sort_keys=True)
 
 
 def epsilon_argument(wildcards):
@@ -206,15 +227,46 @@ SCORES_MERGED = result("scores/merged/{backbone}/{eps}/{method}/{seed}/{operator
 DRIFT = result("diagnostics/drift/{backbone}/{eps}/{method}/{seed}.parquet")
 INTERPOLATION = result("diagnostics/interpolation/{backbone}/{eps}/{method}/{seed}.parquet")
 CURVATURE = result("diagnostics/curvature/{backbone}/{eps}/{method}/{seed}.parquet")
+LANDSCAPE = result("diagnostics/landscape/{backbone}/{eps}/{method}/{seed}.parquet")
+LINEARITY = result("diagnostics/linearity/{backbone}/{eps}/{method}/{seed}.parquet")
 TABLE1 = result("tables/table1_{backbone}_{eps}")
+TABLE4 = result("tables/table4_epsilon_sweep")
+TABLE5 = result("tables/table5_ablation_{backbone}_{eps}")
+TABLE6 = result("tables/table6_rho_{backbone}")
+TABLE7 = result("tables/table7_lambda_{backbone}")
+TABLE8 = result("tables/table8_operators_{backbone}_{eps}")
+TABLES_INDEX = result("tables/index.md")
 FIGURE_INTERPOLATION = result("figures/interpolation_{backbone}_{eps}")
+FIGURE_SHARPNESS_DRIFT = result("figures/sharpness_drift_{backbone}")
+FIGURE_GAP_BOUND = result("figures/gap_vs_bound_{backbone}")
+FIGURE_LANDSCAPE = result("figures/landscape_{backbone}_{eps}")
 LEDGER_TABLE = result("privacy/ledger.parquet")
 LEDGER_STATISTICS = result("privacy/merge_statistics.parquet")
 LEDGER_REPORT = result("privacy/ledger.md")
+TABLE_EXTENSIONS = (".parquet", ".md", ".tex", ".html")
+FIGURE_EXTENSIONS = (".png", ".pdf")
+SWEEPS = config["sweeps"]
+TABLE_OPERATOR = config["tables"]["operator"]
+
+
+if TABLE_OPERATOR not in config["merge"]:
+    _config_error(f"tables.operator: {TABLE_OPERATOR!r} is not among the configured merges ({', '.join(config['merge'])})")
+for _parameter, _sweep in SWEEPS.items():
+    for _name in _sweep.get("operators", []):
+        if _name not in config["merge"]:
+            _config_error(f"sweeps.{_parameter}.operators: {_name!r} is not among the configured merges "
+                          f"({', '.join(config['merge'])})")
+    for _backbone in _sweep.get("backbones", []):
+        if _backbone not in config["backbones"]:
+            _config_error(f"sweeps.{_parameter}.backbones: unknown backbone {_backbone!r}; configured: "
+                          f"{', '.join(config['backbones'])}")
+    if _parameter in SENSITIVITY_LABELS and "epsilon" in _sweep and eps_label(_sweep["epsilon"]) not in PRIVATE_EPS:
+        _config_error(f"sweeps.{_parameter}.epsilon: {_sweep['epsilon']} is not one of epsilons "
+                      f"{config['epsilons']} (the table compares against the main grid's run at that budget)")
 
 
 def release_grid():
-    """(backbone, eps, method, seed) of every release group in the config."""
+    """(backbone, eps, method, seed) of every release group of the main grid: every merge, every diagnostic."""
     return [
         dict(backbone=b, eps=e, method=m, seed=s)
         for b in config["backbones"]
@@ -224,10 +276,67 @@ def release_grid():
     ]
 
 
-def all_task_vectors():
+def _sweep_backbones(sweep):
+    return sweep.get("backbones") or list(config["backbones"])
+
+
+def epsilon_sweep_grid():
+    """Release groups the epsilon sweep adds (Table 4, Fig. 3): its budgets not already in the main grid."""
+    sweep = SWEEPS.get("epsilon")
+    if not sweep:
+        return []
     return [
-        TV.format(task=t, **g) for g in release_grid() for t in config["backbones"][g["backbone"]]["tasks"]
+        dict(backbone=b, eps=eps_label(e), method=m, seed=s)
+        for b in _sweep_backbones(sweep)
+        for m in sweep["methods"]
+        for e in sweep["epsilons"]
+        if eps_label(e) not in PRIVATE_EPS
+        for s in SEEDS
     ]
+
+
+def sensitivity_epsilon(parameter):
+    return eps_label(SWEEPS[parameter].get("epsilon", config["epsilons"][0]))
+
+
+def sensitivity_grid(parameter):
+    """Release groups of one sensitivity sweep (Table 6: rho, Table 7: anchor_lambda). A value equal to the
+    method's configured setting is the main grid's run and is not repeated."""
+    sweep = SWEEPS.get(parameter)
+    if not sweep:
+        return []
+    method = sweep["method"]
+    groups = []
+    for b in _sweep_backbones(sweep):
+        default = finetune_settings(b, method)[parameter]
+        for value in sweep["values"]:
+            if float(value) == float(default):
+                continue
+            label = sweep_label(method, parameter, value)
+            groups += [dict(backbone=b, eps=sensitivity_epsilon(parameter), method=label, seed=s) for s in SEEDS]
+    return groups
+
+
+def sweep_merges(parameter):
+    """Merges a sweep's groups run: its operators, the tables' operator, and (epsilon sweep) the curvature
+    diagnostic's, whose merge gap needs that merge."""
+    names = list(SWEEPS[parameter].get("operators", [])) + [TABLE_OPERATOR]
+    if parameter == "epsilon":
+        names.append(config["diagnostics"]["curvature"]["operator"])
+    return list(dict.fromkeys(names))
+
+
+def all_groups():
+    """Every release group with the merges it runs and whether the curvature diagnostic runs on it."""
+    groups = [dict(g, merges=OPERATOR_NAMES, curvature=True) for g in release_grid()]
+    groups += [dict(g, merges=sweep_merges("epsilon"), curvature=True) for g in epsilon_sweep_grid()]
+    for parameter in SENSITIVITY_LABELS:
+        groups += [dict(g, merges=sweep_merges(parameter), curvature=False) for g in sensitivity_grid(parameter)]
+    return groups
+
+
+def all_task_vectors():
+    return [TV.format(task=t, **g) for g in all_groups() for t in config["backbones"][g["backbone"]]["tasks"]]
 
 
 def table_groups(wildcards):
@@ -251,15 +360,122 @@ def table_curves(wildcards):
     return [INTERPOLATION.format(**g) for g in table_groups(wildcards)]
 
 
-def all_targets():
-    targets = [LEDGER_REPORT]
-    for g in release_grid():
-        targets.append(DRIFT.format(**g))
-        targets.append(CURVATURE.format(**g))
+# Each paper table is built where the configured grid holds its inputs, and otherwise listed with the reason in
+# tables/index.md (and the workflow's log) instead of failing the run.
+ABLATION_METHODS = ("naive_dp", "dp_sam", "dp_anchor", "dp_merging")
+COMPARED_METHODS = ("naive_dp", "dp_merging")
+
+
+def _missing_methods(needed):
+    return [m for m in needed if m not in config["methods"]]
+
+
+def epsilon_sweep_scores():
+    """Table 4's inputs: the tables operator's merged scores of naive DP and DP-Merging at every budget."""
+    groups = [g for g in release_grid() + epsilon_sweep_grid() if g["method"] in COMPARED_METHODS]
+    return [SCORES_MERGED.format(operator=TABLE_OPERATOR, **g) for g in groups]
+
+
+def sensitivity_scores(parameter, backbone):
+    eps = sensitivity_epsilon(parameter)
+    method = SWEEPS[parameter]["method"]
+    groups = [g for g in sensitivity_grid(parameter) if g["backbone"] == backbone]
+    groups += [g for g in release_grid() if g["backbone"] == backbone and g["eps"] == eps
+               and g["method"] in (method, "naive_dp")]
+    return [SCORES_MERGED.format(operator=TABLE_OPERATOR, **g) for g in groups]
+
+
+def _sensitivity_values(parameter, backbone):
+    """Distinct values of `parameter` the table would show: the sweep's and the main run's."""
+    method = SWEEPS[parameter]["method"]
+    values = {float(finetune_settings(backbone, method)[parameter])} if method in config["methods"] else set()
+    values |= {sensitivity_override(g["method"])[parameter] for g in sensitivity_grid(parameter)
+               if g["backbone"] == backbone}
+    return values
+
+
+def planned_tables():
+    """({table prefix: (rule, wildcards)}, [(table, reason skipped)]) for the configured grid."""
+    planned, skipped = {}, []
     for b in config["backbones"]:
         for e in PRIVATE_EPS:
-            targets += [TABLE1.format(backbone=b, eps=e) + ext for ext in (".parquet", ".md", ".tex")]
-            targets += [FIGURE_INTERPOLATION.format(backbone=b, eps=e) + ext for ext in (".png", ".pdf")]
+            planned[TABLE1.format(backbone=b, eps=e)] = "table1"
+            if missing := _missing_methods(ABLATION_METHODS):
+                skipped.append((f"Table 5 (ablation), {b}, {e}", f"methods lack {', '.join(missing)}"))
+            else:
+                planned[TABLE5.format(backbone=b, eps=e)] = "table5"
+            if missing := _missing_methods(COMPARED_METHODS):
+                skipped.append((f"Table 8 (operators), {b}, {e}", f"methods lack {', '.join(missing)}"))
+            else:
+                planned[TABLE8.format(backbone=b, eps=e)] = "table8"
+    groups = release_grid() + epsilon_sweep_grid()
+    budgets = {
+        b: set.intersection(*({g["eps"] for g in groups if g["backbone"] == b and g["method"] == m}
+                              for m in COMPARED_METHODS))
+        for b in config["backbones"]
+    }
+    if max(len(found) for found in budgets.values()) < 2:
+        skipped.append(("Table 4 (epsilon sweep)", "no backbone has naive_dp and dp_merging at two or more budgets; "
+                        "add epsilons or sweeps.epsilon"))
+    else:
+        planned[TABLE4] = "table4"
+    for parameter, prefix, name in (("rho", TABLE6, "Table 6 (rho)"), ("anchor_lambda", TABLE7, "Table 7 (lambda)")):
+        for b in config["backbones"]:
+            if parameter not in SWEEPS:
+                skipped.append((f"{name}, {b}", f"no sweeps.{parameter} configured"))
+            elif b not in _sweep_backbones(SWEEPS[parameter]):
+                skipped.append((f"{name}, {b}", f"sweeps.{parameter}.backbones leaves {b} out"))
+            elif len(_sensitivity_values(parameter, b)) < 2:
+                skipped.append((f"{name}, {b}", f"fewer than two values of {parameter}"))
+            else:
+                planned[prefix.format(backbone=b)] = "table6" if parameter == "rho" else "table7"
+    return planned, skipped
+
+
+PLANNED_TABLES, SKIPPED_TABLES = planned_tables()
+for _table, _reason in SKIPPED_TABLES:
+    print(f"dpmerge: skipping {_table}: {_reason}", file=sys.stderr)
+
+
+def landscape_groups(backbone, eps):
+    methods = [m for m in config["diagnostics"]["landscape"]["methods"] if m in config["methods"]]
+    return [dict(backbone=backbone, eps=eps, method=m, seed=SEEDS[0]) for m in methods]
+
+
+def landscape_files(wildcards):
+    return [LANDSCAPE.format(**g) for g in landscape_groups(wildcards.backbone, wildcards.eps)]
+
+
+def backbone_curvature(wildcards):
+    return [CURVATURE.format(**g) for g in all_groups() if g["curvature"] and g["backbone"] == wildcards.backbone]
+
+
+def backbone_drift(wildcards):
+    return [DRIFT.format(**g) for g in all_groups() if g["curvature"] and g["backbone"] == wildcards.backbone]
+
+
+def all_figures():
+    figures = []
+    for b in config["backbones"]:
+        figures += [FIGURE_SHARPNESS_DRIFT.format(backbone=b), FIGURE_GAP_BOUND.format(backbone=b)]
+        for e in PRIVATE_EPS:
+            figures.append(FIGURE_INTERPOLATION.format(backbone=b, eps=e))
+            if landscape_groups(b, e):
+                figures.append(FIGURE_LANDSCAPE.format(backbone=b, eps=e))
+    return figures
+
+
+def all_targets():
+    targets = [LEDGER_REPORT, TABLES_INDEX]
+    for g in all_groups():
+        targets.append(DRIFT.format(**g))
+        if g["curvature"]:
+            targets += [CURVATURE.format(**g), LINEARITY.format(**g)]
+        targets += [SCORES_MERGED.format(operator=o, **g) for o in g["merges"]]
+    for prefix in PLANNED_TABLES:
+        targets += [prefix + ext for ext in TABLE_EXTENSIONS]
+    for prefix in all_figures():
+        targets += [prefix + ext for ext in FIGURE_EXTENSIONS]
     return targets
 
 
@@ -297,8 +513,8 @@ def statistics_params(wildcards):
 def all_statistics():
     return [
         STATISTICS.format(operator=name, **g)
-        for g in release_grid()
-        for name in config["merge"]
+        for g in all_groups()
+        for name in g["merges"]
         if merge_operator(name) in NEEDS_STATISTICS
     ]
 
@@ -311,15 +527,109 @@ def curvature_merged_model(wildcards):
     return MERGED.format(operator=config["diagnostics"]["curvature"]["operator"], **wildcards)
 
 
+def landscape_merged_model(wildcards):
+    return MERGED.format(operator=config["diagnostics"]["landscape"]["operator"], **wildcards)
+
+
+def _kind(backbone):
+    return config["backbones"][backbone]["kind"]
+
+
+def _seeds_note():
+    return f"mean ± std over {len(SEEDS)} seeds" if len(SEEDS) > 1 else "one seed"
+
+
 def table1_caption(wildcards):
-    kind = config["backbones"][wildcards.backbone]["kind"]
     eps = eps_value(wildcards.eps)
     return (
-        f"Multi-task scores (0-100, each task's own metric) with {kind} ({wildcards.backbone}), "
-        f"epsilon = {eps:g}, mean over {len(SEEDS)} seed(s)."
+        f"Multi-task scores (0-100, each task's own metric) with {_kind(wildcards.backbone)} ({wildcards.backbone}), "
+        f"epsilon = {eps:g}, {_seeds_note()}."
     )
+
+
+def table1_metric_flag(wildcards):
+    """Language backbones name each task's metric in the header (the paper's GLUE Tables 3/11)."""
+    from dpmerge.backbones import BACKBONES
+
+    return "--metric-in-header" if BACKBONES[_kind(wildcards.backbone)].modality == "text" else ""
+
+
+def _operator_label(name):
+    from dpmerge.tables import operator_label
+
+    return operator_label(name)
+
+
+def table4_caption(wildcards):
+    return (f"Average merged score (0-100) with {_operator_label(TABLE_OPERATOR)} at each privacy budget epsilon: "
+            f"naive DP vs DP-Merging, per backbone, {_seeds_note()}.")
+
+
+def table5_caption(wildcards):
+    return (f"Ablation of DP-Merging with {_kind(wildcards.backbone)} ({wildcards.backbone}), epsilon = "
+            f"{eps_value(wildcards.eps):g}: average score over tasks (0-100) of the individual models and each merge; "
+            f"w/o Alignment = lambda 0 (DP-SAM only), w/o Flatness = rho 0 (anchor only); {_seeds_note()}.")
+
+
+def sensitivity_caption(parameter):
+    def caption(wildcards):
+        symbol = "rho" if parameter == "rho" else "lambda"
+        other = "lambda" if parameter == "rho" else "rho"
+        return (f"Sensitivity of {SWEEPS[parameter]['method']} + {_operator_label(TABLE_OPERATOR)} to {symbol} "
+                f"with {_kind(wildcards.backbone)} ({wildcards.backbone}), epsilon = "
+                f"{eps_value(sensitivity_epsilon(parameter)):g}, {other} at its configured value; scores 0-100, "
+                f"{_seeds_note()}.")
+
+    return caption
+
+
+def table8_caption(wildcards):
+    return (f"Robustness to the merge operator with {_kind(wildcards.backbone)} ({wildcards.backbone}), epsilon = "
+            f"{eps_value(wildcards.eps):g}: average score over tasks (0-100), {_seeds_note()}.")
+
+
+def table5_scores(wildcards):
+    groups = [g for g in table_groups(wildcards) if g["method"] in ABLATION_METHODS]
+    files = [SCORES_INDIVIDUAL.format(**g) for g in groups]
+    return files + [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES]
+
+
+def table8_scores(wildcards):
+    groups = [g for g in table_groups(wildcards) if g["method"] in COMPARED_METHODS]
+    return [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES]
+
+
+def table6_scores(wildcards):
+    return sensitivity_scores("rho", wildcards.backbone)
+
+
+def table7_scores(wildcards):
+    return sensitivity_scores("anchor_lambda", wildcards.backbone)
 
 
 def interpolation_title(wildcards):
     operator = config["diagnostics"]["interpolation"]["operator"]
     return f"{wildcards.backbone}, epsilon = {eps_value(wildcards.eps):g}: path from task model to {operator} merge"
+
+
+def sharpness_drift_title(wildcards):
+    return f"{wildcards.backbone} ({_kind(wildcards.backbone)}): sharpness and reference drift vs epsilon"
+
+
+def gap_bound_title(wildcards):
+    operator = config["diagnostics"]["curvature"]["operator"]
+    return f"{wildcards.backbone}: measured merge gap to {operator} vs Theorem 5.2's bound"
+
+
+def landscape_title(wildcards):
+    operator = config["diagnostics"]["landscape"]["operator"]
+    return (f"{wildcards.backbone}, epsilon = {eps_value(wildcards.eps):g}: loss landscape around the {operator} "
+            f"merge (mean test loss over tasks)")
+
+
+def tables_index_text():
+    lines = ["# Paper tables of this run", "", "Built (each as .parquet, .md, .tex, .html):", ""]
+    lines += [f"- {os.path.relpath(prefix, RESULTS)}" for prefix in PLANNED_TABLES]
+    lines += ["", "Skipped, because the configured grid lacks their inputs:", ""]
+    lines += [f"- {table}: {reason}" for table, reason in SKIPPED_TABLES] or ["- none"]
+    return "\n".join(lines) + "\n"

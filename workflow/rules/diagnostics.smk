@@ -1,5 +1,6 @@
-# Geometric diagnostics of each release group: reference drift, interpolation paths to the merged model, and
-# curvature (sharpness, Hessian lambda_max, merge gap beside Theorem 5.2's bound).
+# Geometric diagnostics of each release group: reference drift, interpolation paths to the merged model,
+# curvature (sharpness, Hessian lambda_max, merge gap beside Theorem 5.2's bound), joint-task linearity of task
+# pairs (Theorem C.8) and the 2-D loss landscape around a merged model.
 
 
 rule drift:
@@ -74,3 +75,59 @@ rule curvature:
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --rho {params.rho} "
         "--iterations {params.iterations} --gammas {params.gammas} --max-examples {params.max_examples} "
         "--threads {threads} -o {output} > {log} 2>&1"
+
+
+rule landscape:
+    input:
+        base=PRETRAINED,
+        merged=landscape_merged_model,
+        vectors=per_task(TV),
+        heads=per_task(HEAD),
+        data=per_task(DATA),
+    output:
+        LANDSCAPE,
+    params:
+        spec=backbone_spec,
+        plane=config["diagnostics"]["landscape"]["plane"],
+        points=config["diagnostics"]["landscape"]["points"],
+        span=config["diagnostics"]["landscape"]["span"],
+        max_examples=config["diagnostics"]["landscape"]["max_examples"],
+        seed=config["diagnostics"]["landscape"]["seed"],
+    log:
+        result("logs/landscape/{backbone}/{eps}/{method}/{seed}.log"),
+    benchmark:
+        result("benchmarks/landscape/{backbone}/{eps}/{method}/{seed}.tsv")
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime="2h",
+    shell:
+        "dpmerge landscape --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --plane {params.plane} "
+        "--points {params.points} --span {params.span} --max-examples {params.max_examples} --seed {params.seed} "
+        "--threads {threads} -o {output} > {log} 2>&1"
+
+
+rule linearity:
+    input:
+        curvature=CURVATURE,
+        base=PRETRAINED,
+        vectors=per_task(TV),
+        heads=per_task(HEAD),
+        data=per_task(DATA),
+    output:
+        LINEARITY,
+    params:
+        spec=backbone_spec,
+        alphas=" ".join(str(a) for a in config["diagnostics"]["curvature"]["alphas"]),
+        max_examples=config["diagnostics"]["curvature"]["max_examples"],
+    log:
+        result("logs/linearity/{backbone}/{eps}/{method}/{seed}.log"),
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime="1h",
+    shell:
+        "dpmerge linearity --curvature {input.curvature} --backbone-spec {params.spec:q} --base {input.base} "
+        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --alphas {params.alphas} "
+        "--max-examples {params.max_examples} --threads {threads} -o {output} > {log} 2>&1"

@@ -78,7 +78,8 @@ rule privacy_ledger:
     output:
         table=LEDGER_TABLE,
         statistics=LEDGER_STATISTICS,
-        report=LEDGER_REPORT,
+        report=report(LEDGER_REPORT, caption="../report/privacy_ledger.rst", category="Privacy",
+                      labels={"file": "ledger"}),
     log:
         result("logs/privacy_ledger.log"),
     threads: 1

@@ -1,14 +1,20 @@
-# Tables and figures assembled from the scores and diagnostics.
+# Tables and figures assembled from the scores and diagnostics, each marked for `snakemake --report` with a
+# caption from workflow/report/. Tables whose inputs the grid lacks are listed in tables/index.md instead.
 
 
 rule table1:
     input:
         table_scores,
     output:
-        multiext(TABLE1, ".parquet", ".md", ".tex"),
+        parquet=TABLE1 + ".parquet",
+        markdown=TABLE1 + ".md",
+        latex=TABLE1 + ".tex",
+        html=report(TABLE1 + ".html", caption="../report/table.rst", category="Tables",
+                    subcategory="Multi-task scores (Tables 1-3)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
     params:
         prefix=TABLE1,
         caption=table1_caption,
+        metric=table1_metric_flag,
     log:
         result("logs/table1/{backbone}_{eps}.log"),
     threads: 1
@@ -16,14 +22,150 @@ rule table1:
         mem_mb=1000,
         runtime="10m",
     shell:
-        "dpmerge table {input} --caption {params.caption:q} --out-prefix {params.prefix} > {log} 2>&1"
+        "dpmerge table --kind multitask {params.metric} {input} --caption {params.caption:q} "
+        "--out-prefix {params.prefix} > {log} 2>&1"
+
+
+rule table4:
+    input:
+        epsilon_sweep_scores(),
+    output:
+        parquet=TABLE4 + ".parquet",
+        markdown=TABLE4 + ".md",
+        latex=TABLE4 + ".tex",
+        html=report(TABLE4 + ".html", caption="../report/table.rst", category="Tables",
+                    subcategory="Privacy budgets (Table 4)", labels={"table": "epsilon sweep"}),
+    params:
+        prefix=TABLE4,
+        caption=table4_caption,
+        operator=TABLE_OPERATOR,
+    log:
+        result("logs/table4.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge table --kind epsilon_sweep --operator {params.operator} {input} --caption {params.caption:q} "
+        "--out-prefix {params.prefix} > {log} 2>&1"
+
+
+rule table5:
+    input:
+        table5_scores,
+    output:
+        parquet=TABLE5 + ".parquet",
+        markdown=TABLE5 + ".md",
+        latex=TABLE5 + ".tex",
+        html=report(TABLE5 + ".html", caption="../report/table.rst", category="Tables",
+                    subcategory="Ablation (Table 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+    params:
+        prefix=TABLE5,
+        caption=table5_caption,
+    log:
+        result("logs/table5/{backbone}_{eps}.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge table --kind ablation {input} --caption {params.caption:q} --out-prefix {params.prefix} > {log} 2>&1"
+
+
+rule table6:
+    input:
+        table6_scores,
+    output:
+        parquet=TABLE6 + ".parquet",
+        markdown=TABLE6 + ".md",
+        latex=TABLE6 + ".tex",
+        html=report(TABLE6 + ".html", caption="../report/table.rst", category="Tables",
+                    subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "rho"}),
+    params:
+        prefix=TABLE6,
+        caption=sensitivity_caption("rho"),
+        operator=TABLE_OPERATOR,
+    log:
+        result("logs/table6/{backbone}.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge table --kind rho --operator {params.operator} {input} --caption {params.caption:q} "
+        "--out-prefix {params.prefix} > {log} 2>&1"
+
+
+rule table7:
+    input:
+        table7_scores,
+    output:
+        parquet=TABLE7 + ".parquet",
+        markdown=TABLE7 + ".md",
+        latex=TABLE7 + ".tex",
+        html=report(TABLE7 + ".html", caption="../report/table.rst", category="Tables",
+                    subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "lambda"}),
+    params:
+        prefix=TABLE7,
+        caption=sensitivity_caption("anchor_lambda"),
+        operator=TABLE_OPERATOR,
+    log:
+        result("logs/table7/{backbone}.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge table --kind anchor_lambda --operator {params.operator} {input} --caption {params.caption:q} "
+        "--out-prefix {params.prefix} > {log} 2>&1"
+
+
+rule table8:
+    input:
+        table8_scores,
+    output:
+        parquet=TABLE8 + ".parquet",
+        markdown=TABLE8 + ".md",
+        latex=TABLE8 + ".tex",
+        html=report(TABLE8 + ".html", caption="../report/table.rst", category="Tables",
+                    subcategory="Merge operators (Table 8)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+    params:
+        prefix=TABLE8,
+        caption=table8_caption,
+    log:
+        result("logs/table8/{backbone}_{eps}.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge table --kind operators {input} --caption {params.caption:q} --out-prefix {params.prefix} > {log} 2>&1"
+
+
+rule tables_index:
+    output:
+        report(TABLES_INDEX, caption="../report/tables_index.rst", category="Tables", subcategory="Index",
+               labels={"table": "index"}),
+    params:
+        text=tables_index_text(),
+    log:
+        result("logs/tables_index.log"),
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime="5m",
+    shell:
+        "printf '%s' {params.text:q} > {output} 2> {log}"
 
 
 rule figure_interpolation:
     input:
         table_curves,
     output:
-        multiext(FIGURE_INTERPOLATION, ".png", ".pdf"),
+        png=report(FIGURE_INTERPOLATION + ".png", caption="../report/figure_interpolation.rst",
+                   category="Figures", subcategory="Interpolation barriers (Fig. 2)",
+                   labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        pdf=FIGURE_INTERPOLATION + ".pdf",
     params:
         title=interpolation_title,
     log:
@@ -34,3 +176,62 @@ rule figure_interpolation:
         runtime="10m",
     shell:
         "dpmerge plot-interpolation {input} --title {params.title:q} -o {output} > {log} 2>&1"
+
+
+rule figure_sharpness_drift:
+    input:
+        curvature=backbone_curvature,
+        drift=backbone_drift,
+    output:
+        png=report(FIGURE_SHARPNESS_DRIFT + ".png", caption="../report/figure_sharpness_drift.rst",
+                   category="Figures", subcategory="Sharpness and drift (Fig. 3)", labels={"backbone": "{backbone}"}),
+        pdf=FIGURE_SHARPNESS_DRIFT + ".pdf",
+    params:
+        title=sharpness_drift_title,
+    log:
+        result("logs/figure_sharpness_drift/{backbone}.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge plot-sharpness-drift --curvature {input.curvature} --drift {input.drift} "
+        "--title {params.title:q} -o {output} > {log} 2>&1"
+
+
+rule figure_gap_bound:
+    input:
+        backbone_curvature,
+    output:
+        png=report(FIGURE_GAP_BOUND + ".png", caption="../report/figure_gap_bound.rst", category="Figures",
+                   subcategory="Merge gap vs Theorem 5.2", labels={"backbone": "{backbone}"}),
+        pdf=FIGURE_GAP_BOUND + ".pdf",
+    params:
+        title=gap_bound_title,
+    log:
+        result("logs/figure_gap_bound/{backbone}.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge plot-gap-bound {input} --title {params.title:q} -o {output} > {log} 2>&1"
+
+
+rule figure_landscape:
+    input:
+        landscape_files,
+    output:
+        png=report(FIGURE_LANDSCAPE + ".png", caption="../report/figure_landscape.rst", category="Figures",
+                   subcategory="Loss landscapes (Figs. 4, 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        pdf=FIGURE_LANDSCAPE + ".pdf",
+    params:
+        title=landscape_title,
+    log:
+        result("logs/figure_landscape/{backbone}_{eps}.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge plot-landscape {input} --title {params.title:q} -o {output} > {log} 2>&1"
