@@ -294,8 +294,9 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
          "sweeps.epsilon.operators: 'dare' is not among the configured merges"),
         (lambda c: c["sweeps"]["rho"].update(backbones=["vit"]), "sweeps.rho.backbones: unknown backbone 'vit'"),
         (lambda c: c["sweeps"]["rho"].update(epsilon=2), "sweeps.rho.epsilon: 2 is not one of epsilons [4]"),
-        (lambda c: c["sweeps"]["rho"].update(method="naive_dp"), "sweeps.rho.method"),
-        (lambda c: c["sweeps"]["epsilon"].update(methods=["nonprivate"]), "sweeps.epsilon.methods"),
+        (lambda c: c["sweeps"]["rho"].update(method="naive_dp"), "'naive_dp' is not one of ['dp_merging', 'dp_sam']"),
+        (lambda c: c["sweeps"]["epsilon"].update(methods=["nonprivate"]),
+         "'nonprivate' is not one of ['naive_dp', 'dp_merging', 'dp_sam', 'dp_anchor']"),
         (lambda c: c["diagnostics"]["landscape"].update(operator="dts_difference"),
          "diagnostics.landscape.operator: 'dts_difference' gives one model per task"),
     ],
@@ -313,6 +314,7 @@ def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, mess
 def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_path):
     config = yaml.safe_load(yaml.safe_dump(TINY))
     config.update(methods=["nonprivate", "naive_dp", "dp_merging", "dp_sam", "dp_anchor"], epsilons=[1, 4])
+    config.pop("sweeps")  # the main grid alone, so the counts below are its own
     config["finetune"]["by_method"] = {"dp_anchor": {"anchor_lambda": 0.3}}
     config["backbones"]["effnet"]["finetune"]["by_method"] = {"nonprivate": {"lr": 0.0003}}
     config["merge"]["ties_difference"] = {"operator": "ties", "vectors": "difference", "density": 0.3}
@@ -348,3 +350,24 @@ def test_schema_lists_exactly_the_registered_operators():
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     entry = schema["properties"]["merge"]["additionalProperties"]
     assert entry["properties"]["operator"]["enum"] == list(OPERATORS)
+
+
+def test_sweeps_add_only_the_release_groups_and_merges_their_tables_need(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
+    result = snakemake(tmp_path, "-n", "--quiet", "rules")
+    assert result.returncode == 0, result.stderr[-2000:]
+    jobs = planned_jobs(result.stdout + result.stderr)
+    main_groups, merges = 2 * 2, len(TINY["merge"])  # backbones x methods at epsilon 4
+    # effnet at epsilon 8 (2 methods, TIES + the curvature diagnostic's weight averaging, curvature and
+    # linearity) and at rho 0.2 (DP-Merging, TIES only, no curvature)
+    assert jobs["finetune"] == 2 * (main_groups + 2 + 1)
+    assert jobs["merge"] == main_groups * merges + 2 * 2 + 1
+    assert jobs["evaluate_merged"] == jobs["merge"]
+    assert jobs["evaluate_individual"] == main_groups and jobs["interpolation"] == main_groups
+    assert jobs["curvature"] == jobs["linearity"] == main_groups + 2
+    assert jobs["drift"] == main_groups + 2 + 1
+    assert jobs["landscape"] == 2 * 2  # both backbones, both methods, first seed
+    assert {k: jobs.get(k, 0) for k in ("table1", "table4", "table5", "table6", "table7", "table8")} == {
+        "table1": 2, "table4": 1, "table5": 0, "table6": 1, "table7": 0, "table8": 2}
+    listing = snakemake(tmp_path, "-n", "--printshellcmds")
+    assert "--method dp_merging-rho0.2 --epsilon 4.0 --seed 0" in listing.stdout

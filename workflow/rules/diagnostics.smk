@@ -123,6 +123,8 @@ rule linearity:
         max_examples=config["diagnostics"]["curvature"]["max_examples"],
     log:
         result("logs/linearity/{backbone}/{eps}/{method}/{seed}.log"),
+    benchmark:
+        result("benchmarks/linearity/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
         mem_mb=4000,
