@@ -551,8 +551,6 @@ def table1_caption(wildcards):
 
 def table1_metric_flag(wildcards):
     """Language backbones name each task's metric in the header (the paper's GLUE Tables 3/11)."""
-    from dpmerge.backbones import BACKBONES
-
     return "--metric-in-header" if BACKBONES[_kind(wildcards.backbone)].modality == "text" else ""
 
 
