@@ -115,10 +115,13 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     # Table 1: the paper's rows and columns, scores on a 0-100 scale, improvement = difference
     table = pd.read_parquet(results / "tables/table1_effnet_eps4.parquet").set_index("row")
     assert (table.pop("seeds") == 1).all()
+    gain = table.pop("Avg. improvement over DP")  # the paper's improvement column
     assert list(table.columns) == ["digits", "textures", "Avg."]  # one seed: no std columns
     assert {"DP Individual", "DP-Merging Individual", "DP + Weight Averaging", "DP-Merging + TIES"} <= set(table.index)
     assert table.loc["  improvement (TIES)"].to_numpy() == pytest.approx(
         (table.loc["DP-Merging + TIES"] - table.loc["DP + TIES"]).to_numpy())
+    assert gain["DP-Merging + TIES"] == pytest.approx(table.loc["  improvement (TIES)", "Avg."])
+    assert gain.notna().sum() == len(TINY["merge"])  # one DP-Merging row per merge, blank elsewhere
     assert table.drop(index=[i for i in table.index if "improvement" in i]).abs().le(100).all().all()
     own = pd.read_parquet(results / "scores/individual/effnet/eps4/dp_merging/s0.parquet").query("source_task == task")
     assert table.loc["DP-Merging Individual", "digits"] == pytest.approx(own.set_index("task").loc["digits", "score"])

@@ -13,6 +13,8 @@ from dpmerge.tables import (
 )
 
 SQRT2 = math.sqrt(2.0)
+GAIN = "Avg. improvement over DP"  # Table 1's improvement column
+COLUMNS = ["a", "b", "Avg."]
 
 
 def scores():
@@ -35,21 +37,24 @@ def test_table1_rows_values_and_improvement():
     result = table1(scores())
     assert isinstance(result, PaperTable)
     table = result.mean
-    assert list(table.columns) == ["a", "b", "Avg."]
+    assert list(table.columns) == ["a", "b", "Avg.", GAIN]
     assert list(table.index) == [
         "Non-private Individual", "DP Individual", "DP-Merging Individual",
         "Non-private + Weight Averaging", "DP + Weight Averaging", "DP-Merging + Weight Averaging",
         "  improvement (Weight Averaging)",
         "Non-private + TIES", "DP + TIES", "DP-Merging + TIES", "  improvement (TIES)",
     ]
-    assert table.loc["DP Individual"].tolist() == [60.0, 70.0, 65.0]
-    assert table.loc["DP + Weight Averaging"].tolist() == pytest.approx([40.0, 50.0, 45.0])
-    assert table.loc["DP-Merging + TIES"].tolist() == pytest.approx([48.0, 58.0, 53.0])
-    assert table.loc["  improvement (TIES)"].tolist() == pytest.approx([3.0, 3.0, 3.0])
+    assert table.loc["DP Individual", COLUMNS].tolist() == [60.0, 70.0, 65.0]
+    assert table.loc["DP + Weight Averaging", COLUMNS].tolist() == pytest.approx([40.0, 50.0, 45.0])
+    assert table.loc["DP-Merging + TIES", COLUMNS].tolist() == pytest.approx([48.0, 58.0, 53.0])
+    assert table.loc["  improvement (TIES)", COLUMNS].tolist() == pytest.approx([3.0, 3.0, 3.0])
+    # the improvement column: DP-Merging's average minus DP's with the same operator, paired per seed
+    assert table.loc["DP-Merging + TIES", GAIN] == pytest.approx(3.0) and result.std.loc["DP-Merging + TIES", GAIN] == 0
+    assert table[GAIN].notna().sum() == 2  # only the DP-Merging rows (no ablation runs here)
     # seeds 0 and 1 differ by -1/+1 on every task, so every merged cell's std is sqrt(2) (per-seed averages
     # 44 and 46 for DP + Weight Averaging); the paired improvement is 3 in both seeds: std 0
-    assert result.std.loc["DP + Weight Averaging"].tolist() == pytest.approx([SQRT2] * 3)
-    assert result.std.loc["  improvement (TIES)"].tolist() == pytest.approx([0.0] * 3)
+    assert result.std.loc["DP + Weight Averaging", COLUMNS].tolist() == pytest.approx([SQRT2] * 3)
+    assert result.std.loc["  improvement (TIES)", COLUMNS].tolist() == pytest.approx([0.0] * 3)
     assert result.std.loc["DP Individual"].isna().all()  # the individual rows have one (unnamed) seed
     assert result.seeds["DP Individual"] == 1 and result.seeds["DP + TIES"] == 2
 
@@ -62,9 +67,10 @@ def test_markdown_and_latex_carry_the_numbers():
     assert "| improvement (TIES) | +3.0 ± 0.0 | +3.0 ± 0.0 | +3.0 ± 0.0 |" in markdown
     latex = to_latex(table, "cap_tion & more", "tab:x")
     assert r"\toprule" in latex and r"\bottomrule" in latex and r"cap\_tion \& more" in latex
-    assert r"DP + TIES & 45.0 $\pm$ 1.4 & 55.0 $\pm$ 1.4 & 50.0 $\pm$ 1.4 \\" in latex
+    assert r"DP + TIES & 45.0 $\pm$ 1.4 & 55.0 $\pm$ 1.4 & 50.0 $\pm$ 1.4 & -- \\" in latex
+    assert r"DP-Merging + TIES & 48.0 $\pm$ 1.4 & 58.0 $\pm$ 1.4 & 53.0 $\pm$ 1.4 & \textit{+3.0 $\pm$ 0.0} \\" in latex
     assert r"\textit{+3.0 $\pm$ 0.0}" in latex
-    assert r"DP Individual & 60.0 & 70.0 & 65.0 \\" in latex
+    assert r"DP Individual & 60.0 & 70.0 & 65.0 & -- \\" in latex
 
 
 def test_one_seed_prints_means_only_and_signs_differences():
@@ -74,7 +80,8 @@ def test_one_seed_prints_means_only_and_signs_differences():
     markdown = to_markdown(table)
     assert "| DP + TIES | 44.0 | 54.0 | 49.0 |" in markdown
     assert "| improvement (TIES) | +3.0 | +3.0 | +3.0 |" in markdown
-    assert r"\textit{+3.0} & \textit{+3.0} & \textit{+3.0} \\" in to_latex(table)
+    assert r"\textit{+3.0} & \textit{+3.0} & \textit{+3.0} & -- \\" in to_latex(table)
+    assert "| DP-Merging + TIES | 47.0 | 57.0 | 52.0 | +3.0 |" in markdown
 
 
 def test_missing_columns_are_named():
@@ -89,7 +96,7 @@ def test_ablation_rows_appear_when_their_runs_exist():
     table = table1(pd.concat([frame, ablation])).mean
     assert "DP-Merging w/o flatness Individual" in table.index
     assert "DP-Merging w/o alignment + TIES" not in table.index  # no dp_sam runs
-    assert table.loc["DP-Merging w/o flatness + TIES"].tolist() == pytest.approx([46.0, 56.0, 51.0])
+    assert table.loc["DP-Merging w/o flatness + TIES", COLUMNS + [GAIN]].tolist() == pytest.approx([46.0, 56.0, 51.0, 1.0])
     assert list(table.index).index("DP-Merging w/o flatness + TIES") > list(table.index).index("  improvement (TIES)")
 
 
@@ -107,10 +114,10 @@ def test_epsilon_value_reads_every_spelling():
 def test_metric_in_header_names_each_tasks_metric():
     frame = scores().assign(metric=lambda f: f["task"].map({"a": "accuracy", "b": "mcc"}))
     table = table1(frame, metric_in_header=True)
-    assert list(table.mean.columns) == ["a (accuracy)", "b (mcc)", "Avg."]
-    assert list(table.std.columns) == ["a (accuracy)", "b (mcc)", "Avg."]
-    assert table.mean.loc["DP + TIES"].tolist() == pytest.approx([45.0, 55.0, 50.0])
-    assert "| Method | a (accuracy) | b (mcc) | Avg. |" in to_markdown(table)
+    assert list(table.mean.columns) == ["a (accuracy)", "b (mcc)", "Avg.", GAIN]
+    assert list(table.std.columns) == ["a (accuracy)", "b (mcc)", "Avg.", GAIN]
+    assert table.mean.loc["DP + TIES"].tolist()[:3] == pytest.approx([45.0, 55.0, 50.0])
+    assert f"| Method | a (accuracy) | b (mcc) | Avg. | {GAIN} |" in to_markdown(table)
     with pytest.raises(ValueError, match="lacks column 'metric'"):
         table1(scores(), metric_in_header=True)
 
@@ -119,7 +126,7 @@ def test_write_table_parquet_layout(tmp_path):
     paths = write_table(table1(scores()), tmp_path / "t1_eps0.5", "Caption <b>.")
     assert [p.name for p in paths] == ["t1_eps0.5.parquet", "t1_eps0.5.md", "t1_eps0.5.tex", "t1_eps0.5.html"]
     wide = pd.read_parquet(paths[0])
-    assert list(wide.columns) == ["row", "a", "b", "Avg.", "a std", "b std", "Avg. std", "seeds"]
+    assert list(wide.columns) == ["row", "a", "b", "Avg.", GAIN, "a std", "b std", "Avg. std", f"{GAIN} std", "seeds"]
     row = wide.set_index("row").loc["DP + Weight Averaging"]
     assert row[["a", "b", "Avg."]].tolist() == pytest.approx([40.0, 50.0, 45.0])
     assert row[["a std", "b std", "Avg. std"]].tolist() == pytest.approx([SQRT2] * 3)
@@ -131,7 +138,7 @@ def test_write_table_parquet_layout(tmp_path):
     assert "Caption &lt;b&gt;." in page  # escaped
 
     single = write_table(table1(scores().query("seed != 1")), tmp_path / "one", "Caption.")
-    assert list(pd.read_parquet(single[0]).columns) == ["row", "a", "b", "Avg.", "seeds"]
+    assert list(pd.read_parquet(single[0]).columns) == ["row", "a", "b", "Avg.", GAIN, "seeds"]
 
 
 def test_plot_interpolation_is_still_importable_from_tables():
@@ -315,4 +322,6 @@ def test_a_seed_missing_a_task_has_no_average():
     table = table_operators(pd.DataFrame(rows))
     assert table.mean.loc["TIES", "DP"] == pytest.approx(55.0)  # seed 1 lacks task b
     table = table1(pd.DataFrame(rows))
-    assert table.mean.loc["DP + TIES"].tolist() == pytest.approx([60.0, 60.0, 55.0])
+    assert table.mean.loc["DP + TIES", ["a", "b", "Avg."]].tolist() == pytest.approx([60.0, 60.0, 55.0])
+    # seed 0 is the only seed with both methods' averages: 55 - 55
+    assert table.mean.loc["DP-Merging + TIES", GAIN] == pytest.approx(0.0)
