@@ -1,3 +1,4 @@
+import math
 import sys
 from pathlib import Path
 
@@ -10,6 +11,22 @@ sys.path.insert(0, str(ROOT / "workflow"))
 
 import dpmerge  # noqa: E402,F401  (defines torchvision op schemas before anything imports torchvision)
 from dpmerge.backbones import Backbone  # noqa: E402
+
+# Small parameter mappings for the diagnostics tests: 7 parameters split over two tensors, and their flat form
+SHAPES = {"layer.weight": (2, 2), "layer.bias": (3,)}
+
+
+def flat(params):
+    return torch.cat([params[name].reshape(-1).double() for name in SHAPES])
+
+
+def unflat(vector):
+    out, start = {}, 0
+    for name, shape in SHAPES.items():
+        size = math.prod(shape)
+        out[name] = vector[start:start + size].reshape(shape).clone()
+        start += size
+    return out
 
 
 class ToyBackbone(Backbone):

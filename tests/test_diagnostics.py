@@ -1,7 +1,6 @@
 """Curvature diagnostics on quadratic losses, where sharpness, lambda_max, the merge-gap bound and the
 joint-task linearity gap are known in closed form."""
 
-import math
 
 import pytest
 import torch
@@ -14,21 +13,7 @@ from dpmerge.diagnostics import (
     sharpness_proxy,
 )
 from dpmerge.evaluate import evaluate_head
-
-SHAPES = {"layer.weight": (2, 2), "layer.bias": (3,)}  # 7 parameters split over two tensors
-
-
-def flat(params):
-    return torch.cat([params[name].reshape(-1).double() for name in SHAPES])
-
-
-def unflat(vector):
-    out, start = {}, 0
-    for name, shape in SHAPES.items():
-        size = math.prod(shape)
-        out[name] = vector[start:start + size].reshape(shape).clone()
-        start += size
-    return out
+from conftest import SHAPES, flat, unflat
 
 
 def quadratic(eigenvalues, seed=0, centre_seed=1):

@@ -2,8 +2,6 @@
 quadratic polynomial in (a, b); filter-normalised directions (Li et al. 2018); the task-vector plane; the
 `dpmerge landscape` and `plot-landscape` commands on a toy backbone."""
 
-import math
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,21 +12,7 @@ from dpmerge.diagnostics import filter_normalized_direction, loss_landscape, tas
 from dpmerge.evaluate import evaluate_head
 from dpmerge.figures import plot_landscape
 from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
-
-SHAPES = {"layer.weight": (2, 2), "layer.bias": (3,)}  # 7 parameters split over two tensors
-
-
-def flat(params):
-    return torch.cat([params[name].reshape(-1).double() for name in SHAPES])
-
-
-def unflat(vector):
-    out, start = {}, 0
-    for name, shape in SHAPES.items():
-        size = math.prod(shape)
-        out[name] = vector[start:start + size].reshape(shape).clone()
-        start += size
-    return out
+from conftest import SHAPES, flat, unflat
 
 
 def random_vector(seed):

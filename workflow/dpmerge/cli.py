@@ -705,9 +705,8 @@ def cmd_plot_interpolation(args) -> None:
     from dpmerge.tables import plot_interpolation
 
     curves = pd.concat([pd.read_parquet(p) for p in args.curves], ignore_index=True)
-    for out in args.out:
-        plot_interpolation(curves, out, args.title)
-        _log(f"[figure] wrote {out}")
+    plot_interpolation(curves, args.out, args.title)  # drawn once, saved in every format asked for
+    _log(f"[figure] wrote {', '.join(args.out)}")
 
 
 def cmd_plot_landscape(args) -> None:
@@ -750,6 +749,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Differentially private fine-tuning, task vectors and data-free merging (DP-Merging).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_figure_outputs(p):
+        p.add_argument("--title", default="", help="figure title")
+        p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
 
     def add(name, func, help_text):
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -928,25 +931,21 @@ def build_parser() -> argparse.ArgumentParser:
             "Fig. 3: sharpness proxy and reference drift against epsilon, one line per method.")
     p.add_argument("--curvature", nargs="+", required=True, help="curvature .parquet files ('dpmerge curvature')")
     p.add_argument("--drift", nargs="+", required=True, help="drift .parquet files ('dpmerge drift')")
-    p.add_argument("--title", default="", help="figure title")
-    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+    add_figure_outputs(p)
 
     p = add("plot-gap-bound", cmd_plot_gap_bound,
             "Measured merge gap against Theorem 5.2's bound and Eq. (3)'s second-order estimate, per task model.")
     p.add_argument("curvature", nargs="+", help="curvature .parquet files ('dpmerge curvature')")
-    p.add_argument("--title", default="", help="figure title")
-    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+    add_figure_outputs(p)
 
     p = add("plot-interpolation", cmd_plot_interpolation, "Figure of interpolation curves per task and method.")
     p.add_argument("curves", nargs="+", help="interpolation .parquet files")
-    p.add_argument("--title", default="")
-    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+    add_figure_outputs(p)
 
     p = add("plot-landscape", cmd_plot_landscape,
             "Contour figure of loss landscapes (paper Figs. 4, 5): one panel per file, on one shared loss scale.")
     p.add_argument("landscapes", nargs="+", help="landscape .parquet files from 'dpmerge landscape', one per panel")
-    p.add_argument("--title", default="", help="figure title")
-    p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+    add_figure_outputs(p)
 
     p = add("ledger", cmd_ledger, "Collect and check the privacy records of all released task vectors.")
     p.add_argument("task_vectors", nargs="+")
