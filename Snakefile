@@ -5,7 +5,11 @@ from snakemake.utils import min_version
 min_version("9.20")
 
 
-configfile: "config.yaml"
+# The embedded default, unless the command line names the experiment: a preset (--configfile presets/...) is a
+# whole configuration and must not be merged with this one (its backbones would be added to the preset's).
+if not workflow.config_settings.configfiles:
+
+    configfile: "config.yaml"
 
 
 report: "workflow/report/workflow.rst"

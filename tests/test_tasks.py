@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from dpmerge import tasks as T
-from dpmerge.tasks import TASKS, TaskData, bbc_article_partition, load_task, patch_crop_boxes
+from dpmerge.tasks import EMBEDDED_TASKS, TASKS, TaskData, bbc_article_partition, load_task, patch_crop_boxes
 
-ALL_TASKS = sorted(TASKS)
+# The embedded tasks; the paper's datasets (read from a data directory) are tested in test_paper_data.py.
+ALL_TASKS = sorted(EMBEDDED_TASKS)
 VISION = [n for n in ALL_TASKS if TASKS[n].modality == "vision"]
 TEXT = [n for n in ALL_TASKS if TASKS[n].modality == "text"]
 PAIR = [n for n in ALL_TASKS if TASKS[n].input_kind == "pair"]
@@ -50,16 +51,22 @@ def norm_ws(text: str) -> str:
 
 
 def test_registry_contents():
-    assert set(TASKS) == {
+    assert set(EMBEDDED_TASKS) == {
         "digits", "mnist1d", "textures", "photos", "lfw",
         "bbc_topic", "tweet_sentiment", "bbc_same_topic", "bbc_next_sentence",
     }
+    paper = set(TASKS) - set(EMBEDDED_TASKS)
+    assert paper == {"sun397", "cars", "resisc45", "eurosat", "svhn", "gtsrb", "mnist", "dtd",
+                     "cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte"}
+    assert all(TASKS[name].needs_data_dir for name in paper)
+    assert TASKS["stsb"].is_regression and TASKS["stsb"].metric == "spearman"
+    assert TASKS["mrpc"].metric == TASKS["qqp"].metric == "f1_accuracy" and TASKS["cola"].metric == "mcc"
     for key, spec in TASKS.items():
         assert spec.name == key
         assert spec.modality in ("vision", "text")
         assert spec.input_kind in ("image", "single", "pair")
         assert (spec.modality == "vision") == (spec.input_kind == "image")
-        assert spec.metric in ("accuracy", "mcc", "f1")
+        assert spec.metric in ("accuracy", "mcc", "f1", "f1_accuracy", "spearman")
         assert spec.description and "\n" not in spec.description
         assert spec.provenance and spec.licence
     assert TASKS["bbc_same_topic"].metric == "f1"

@@ -31,6 +31,7 @@ from torch import nn
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class BackboneInfo:
     provenance: str
     licence: str
     options: tuple[str, ...]  # config fields that matter for this kind (image_size is the task loader's)
+    # Classifies with frozen zero-shot heads from a text encoder (rule zeroshot_head) instead of trained heads.
+    zeroshot_heads: bool = False
 
 
 BACKBONES: dict[str, BackboneInfo] = {
@@ -60,6 +63,36 @@ BACKBONES: dict[str, BackboneInfo] = {
         licence="Apache-2.0",
         options=("trainable_blocks", "max_length", "checkpoint"),
     ),
+    # The paper's backbones (backbone_clip.py, backbone_roberta.py). Their weights are not embedded: a local
+    # `checkpoint` or, online, the open_clip / Hugging Face cache.
+    **{
+        kind: BackboneInfo(
+            kind=kind, modality="vision",
+            description=f"CLIP {label} image encoder (open_clip, OpenAI weights), zero-shot heads from its text encoder",
+            provenance="open_clip 'openai' pretrained tag (OpenAI CLIP, Radford et al. 2021), or a local checkpoint",
+            licence="MIT (OpenAI CLIP weights)",
+            options=("trainable_blocks", "image_size", "checkpoint", "pretrained", "cache_dir"),
+            zeroshot_heads=True,
+        )
+        for kind, label in (("clip_vit_b32", "ViT-B/32"), ("clip_vit_b16", "ViT-B/16"), ("clip_vit_l14", "ViT-L/14"))
+    },
+    "open_clip": BackboneInfo(
+        kind="open_clip", modality="vision",
+        description="any open_clip ViT by model name or model-config JSON (the stand-in preset's tiny CLIP)",
+        provenance="the given checkpoint file", licence="that of the checkpoint",
+        options=("model", "trainable_blocks", "image_size", "checkpoint", "pretrained", "cache_dir"),
+        zeroshot_heads=True,
+    ),
+    **{
+        kind: BackboneInfo(
+            kind=kind, modality="text",
+            description=f"RoBERTa-{size} encoder (transformers), per-task RobertaClassificationHead-shaped heads",
+            provenance=f"Hugging Face FacebookAI/roberta-{size} (Liu et al. 2019), or a local save_pretrained directory",
+            licence="MIT (fairseq RoBERTa weights)",
+            options=("trainable_blocks", "max_length", "checkpoint", "cache_dir"),
+        )
+        for kind, size in (("roberta_base", "base"), ("roberta_large", "large"))
+    },
 }
 
 
@@ -69,6 +102,20 @@ def sha256_of_file(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_state(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], where: Path) -> None:
+    """Refuse a checkpoint that does not fit the architecture, naming the first mismatching key."""
+    for key, value in expected.items():
+        if key not in state:
+            raise ValueError(f"{where}: checkpoint lacks {key!r} ({len(state)} tensors; does it belong to another "
+                             "architecture?)")
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise ValueError(f"{where}: {key!r} has shape {tuple(state[key].shape)}, the architecture expects "
+                             f"{tuple(value.shape)}")
+    extra = [key for key in state if key not in expected]
+    if extra:
+        raise ValueError(f"{where}: unexpected tensor {extra[0]!r} (not part of this architecture)")
 
 
 class Backbone:
@@ -89,20 +136,70 @@ class Backbone:
     # backbone in bench/dp_step.py (README "Speed"); a backbone whose layers it cannot handle overrides this.
     per_sample_strategy: str = "bookkeeping"
 
+    # Where the network runs and in which precision (set_device); the CPU default keeps every result bit-stable.
+    device: torch.device = torch.device("cpu")
+    precision: str = "fp32"
+
     @functools.cached_property
     def checkpoint_sha256(self) -> str:
         """Hash of the pretrained weights file (read once per process: it is checked and recorded)."""
         return sha256_of_file(self.checkpoint_path)
 
-    def trainable_names(self) -> list[str]:
+    def set_device(self, device: str = "auto", precision: str = "fp32") -> "Backbone":
+        """Move the network to `device` ("auto": CUDA when available) and choose the forward precision.
+
+        "bf16" runs forward and backward under bfloat16 autocast on CUDA; parameters, optimiser state, per-example
+        gradient norms, clipping and noise stay float32 (the losses are computed in float32, see losses.py), so
+        the sensitivity bound that the privacy accounting relies on holds exactly whatever the precision.
+        """
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} was asked for, but CUDA is not available on this machine")
+        self.network.to(device)
+        self.device = device
+        self.precision = precision
+        return self
+
+    def autocast(self):
+        """The forward's autocast context: bfloat16 when asked for on CUDA, otherwise a no-op."""
+        enabled = self.precision == "bf16" and self.device.type == "cuda"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    # Released names. Task vectors use the original architecture's tensor names and shapes so that other tools
+    # can read them; a backbone whose trainable modules differ from the original (the DP-friendly CLIP ViT)
+    # translates here, and nothing outside the backbone sees its internal names.
+    def release_state(self, internal: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(internal)
+
+    def internal_state(self, released: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Released names -> `network` parameter names (differentiable: curvature diagnostics go through it)."""
+        return dict(released)
+
+    def release_statistics(self, kind: str, statistics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Merge statistics (merge_statistics.py) computed on `network` layers -> released names."""
+        return self.release_state(statistics)
+
+    def network_trainable_names(self) -> list[str]:
         return [name for name, param in self.network.named_parameters() if param.requires_grad]
 
-    def top_state(self) -> dict[str, torch.Tensor]:
-        """The trainable parameters (the part that is fine-tuned and merged), detached copies."""
+    def trainable_names(self) -> list[str]:
+        """Released names of the trainable (fine-tuned and merged) tensors."""
         params = dict(self.network.named_parameters())
-        return {name: params[name].detach().clone() for name in self.trainable_names()}
+        # Shapes only: the renaming is computed on meta tensors, no copy of the weights.
+        return list(self.release_state({name: params[name].to("meta") for name in self.network_trainable_names()}))
+
+    def top_state(self) -> dict[str, torch.Tensor]:
+        """The trainable parameters (the part that is fine-tuned and merged) under released names, on the CPU."""
+        params = dict(self.network.named_parameters())
+        internal = {name: params[name].detach().to("cpu", copy=True) for name in self.network_trainable_names()}
+        return self.release_state(internal)
 
     def load_top_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load released-name tensors (pretrained + a task vector, a merge) into the trainable parameters."""
         params = dict(self.network.named_parameters())
         expected = set(self.trainable_names())
         if set(state) != expected:
@@ -111,13 +208,22 @@ class Backbone:
             raise ValueError(
                 f"top state does not match backbone {self.kind!r}: missing {missing[:3]}, unexpected {extra[:3]}"
             )
+        internal = self.internal_state(state)
         with torch.no_grad():
-            for name, value in state.items():
+            for name, value in internal.items():
                 if params[name].shape != value.shape:
                     raise ValueError(
                         f"tensor {name!r}: shape {tuple(value.shape)} does not match {tuple(params[name].shape)}"
                     )
                 params[name].copy_(value)
+
+    def make_head(self, num_classes: int) -> nn.Module:
+        """A fresh task head on the top's embedding (num_classes = 1: a regression head)."""
+        return nn.Linear(self.embed_dim, num_classes)
+
+    def head_outputs(self, head: dict[str, torch.Tensor]) -> int:
+        """Number of outputs of a saved head (its classes; 1 for regression)."""
+        return int(head["weight"].shape[0])
 
     def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
         """Raw task inputs (images in [0,1] or strings) -> tensors the trunk takes."""
@@ -136,12 +242,30 @@ class Backbone:
         return None
 
     @torch.no_grad()
-    def trunk_features(self, inputs, batch_size: int = 64) -> tuple[torch.Tensor, ...]:
-        encoded = self.encode_inputs(inputs)
-        chunks: list[tuple[torch.Tensor, ...]] = []
-        for start in range(0, encoded[0].shape[0], batch_size):
-            chunks.append(self.trunk(*(t[start : start + batch_size] for t in encoded)))
-        return tuple(torch.cat([c[i] for c in chunks]) for i in range(len(chunks[0])))
+    def trunk_features(self, inputs, batch_size: int = 64, log=None) -> tuple[torch.Tensor, ...]:
+        """The trunk's outputs for raw inputs, on the CPU, computed chunk by chunk on the backbone's device.
+
+        `inputs` only needs len() and slicing (a lazily decoded paper dataset renders one chunk at a time), and
+        the outputs are filled in place, so memory holds the result plus one chunk.
+        """
+        total = len(inputs)
+        out: tuple[torch.Tensor, ...] | None = None
+        next_report = 0.1
+        for start in range(0, total, batch_size):
+            encoded = self.encode_inputs(inputs[start : start + batch_size])
+            with self.autocast():
+                chunk = self.trunk(*(t.to(self.device) for t in encoded))
+            # Stored at the input's precision (uint8 images stay uint8), never in bf16.
+            chunk = tuple(t.cpu() if t.dtype == torch.uint8 else t.float().cpu() for t in chunk)
+            if out is None:
+                out = tuple(torch.empty((total, *t.shape[1:]), dtype=t.dtype) for t in chunk)
+            for target, t in zip(out, chunk):
+                target[start : start + t.shape[0]] = t
+            done = min(start + batch_size, total) / total
+            if log is not None and done >= next_report:
+                log(f"[prepare] {min(start + batch_size, total)}/{total} examples")
+                next_report = done + 0.1
+        return out
 
 
 def _freeze_all_but(network: nn.Module, trainable: list[nn.Module]) -> None:
@@ -338,7 +462,7 @@ class MiniLML6(Backbone):
 
     def trunk(self, input_ids, attention_mask, token_type_ids) -> tuple[torch.Tensor, ...]:
         # position ids expanded to the batch: per-sample gradient hooks need a batch dimension everywhere.
-        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         hidden = self.network.embeddings(
             input_ids=input_ids, token_type_ids=token_type_ids, position_ids=positions
         )
@@ -360,20 +484,35 @@ class MiniLML6(Backbone):
 
 def load_backbone(kind: str, **options) -> Backbone:
     """Build a backbone by registry name; options are its constructor's keyword arguments."""
-    builders = {"efficientnet_lite0": EfficientNetLite0, "minilm_l6": MiniLML6}
-    if kind not in builders:
-        raise ValueError(f"unknown backbone {kind!r}; known backbones: {', '.join(sorted(builders))}")
-    return builders[kind](**options)
+    if kind not in BACKBONES:
+        raise ValueError(f"unknown backbone {kind!r}; known backbones: {', '.join(sorted(BACKBONES))}")
+    if kind == "efficientnet_lite0":
+        return EfficientNetLite0(**options)
+    if kind == "minilm_l6":
+        return MiniLML6(**options)
+    if kind.startswith("roberta"):
+        from dpmerge.backbone_roberta import RoBERTa
+
+        return RoBERTa(kind, **options)
+    from dpmerge.backbone_clip import OpenCLIPViT
+
+    return OpenCLIPViT(kind, **options)
 
 
 class TaskModel(nn.Module):
-    """Backbone top + one task's linear head: the module whose per-sample gradients DP training needs."""
+    """Backbone top + one task's head: the module whose per-sample gradients DP training needs."""
 
     def __init__(self, backbone: Backbone, num_classes: int):
         super().__init__()
         self.backbone_network = backbone.network
         self._top = backbone.top
-        self.head = nn.Linear(backbone.embed_dim, num_classes)
+        self.head = backbone.make_head(num_classes).to(backbone.device)
+
+    @classmethod
+    def with_head(cls, backbone: Backbone, head: dict[str, torch.Tensor]) -> "TaskModel":
+        model = cls(backbone, backbone.head_outputs(head))
+        model.head.load_state_dict(head)
+        return model
 
     def forward(self, *features: torch.Tensor) -> torch.Tensor:
         return self.head(self._top(*features))

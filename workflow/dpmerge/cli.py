@@ -41,14 +41,20 @@ def _parse_params(pairs: list[str]) -> dict:
     return params
 
 
+# Where and how a backbone runs (config `compute:`), carried in the backbone spec so every rule sees the same.
+RUN_SETTINGS = ("device", "precision")
+
+
 def backbone_from_spec(spec: dict):
-    """Build a backbone from a config entry: {kind, trainable_blocks, [max_length], [image_size], [checkpoint]}."""
+    """Build a backbone from a config entry: {kind, trainable_blocks, [max_length], [image_size], [checkpoint],
+    [device], [precision], ...} (BACKBONES[kind].options lists each kind's fields)."""
     from dpmerge.backbones import BACKBONES, load_backbone
 
     spec = dict(spec)
     kind = spec.pop("kind", None)
     if kind not in BACKBONES:
         raise SystemExit(f"error: unknown backbone kind {kind!r}; known: {', '.join(sorted(BACKBONES))}")
+    run = {key: spec.pop(key) for key in RUN_SETTINGS if key in spec}
     spec.pop("image_size", None)  # used by the task loader, not by the network
     unknown = set(spec) - set(BACKBONES[kind].options)
     if unknown:
@@ -56,7 +62,10 @@ def backbone_from_spec(spec: dict):
             f"error: backbone kind {kind!r} takes no option(s) {sorted(unknown)}; "
             f"options: {', '.join(BACKBONES[kind].options)}"
         )
-    return load_backbone(kind, **spec)
+    try:
+        return load_backbone(kind, **spec).set_device(**run)
+    except ValueError as error:
+        raise SystemExit(f"error: backbone {kind!r}: {error}")
 
 
 def _set_threads(threads: int) -> None:
@@ -77,10 +86,16 @@ def cmd_prepare(args) -> None:
     spec = _json_arg(args.backbone_spec, "--backbone-spec")
     backbone = backbone_from_spec(spec)
     started = time.time()
-    data = load_task(
-        args.task, image_size=int(spec.get("image_size", 64)), max_train=args.max_train or None,
-        max_test=args.max_test or None, seed=args.data_seed, public_examples=args.public_examples,
-    )
+    from dpmerge.paper_data import MissingDataError
+
+    try:
+        data = load_task(
+            args.task, image_size=int(spec.get("image_size", 64)), max_train=args.max_train or None,
+            max_test=args.max_test or None, seed=args.data_seed, public_examples=args.public_examples,
+            data_dir=args.data_dir, workers=args.workers,
+        )
+    except (MissingDataError, ValueError) as error:
+        raise SystemExit(f"error: {error}")
     if data.spec.modality != backbone.modality:
         raise SystemExit(
             f"error: task {args.task!r} is a {data.spec.modality} task but backbone {args.backbone!r} "
@@ -88,7 +103,7 @@ def cmd_prepare(args) -> None:
         )
     _log(f"[prepare] {args.task}: {len(data.train_labels)} train / {len(data.test_labels)} test / "
          f"{len(data.public_labels)} public examples")
-    train = backbone.trunk_features(data.train_inputs)
+    train = backbone.trunk_features(data.train_inputs, log=_log)
     test = backbone.trunk_features(data.test_inputs)
     public = backbone.trunk_features(data.public_inputs) if len(data.public_labels) else ()
     payload = {
@@ -97,12 +112,13 @@ def cmd_prepare(args) -> None:
         "task_spec": asdict(data.spec),
         "class_names": list(data.class_names),
         "train_features": list(train),
-        "train_labels": torch.as_tensor(data.train_labels, dtype=torch.long),
+        # int64 class indices, or float32 scores for a regression task (STS-B)
+        "train_labels": torch.as_tensor(data.train_labels),
         "test_features": list(test),
-        "test_labels": torch.as_tensor(data.test_labels, dtype=torch.long),
+        "test_labels": torch.as_tensor(data.test_labels),
         # Held out of private training: free to use for merge statistics.
         "public_features": list(public),
-        "public_labels": torch.as_tensor(data.public_labels, dtype=torch.long),
+        "public_labels": torch.as_tensor(data.public_labels),
         "pretrained_sha256": backbone.checkpoint_sha256,
     }
     atomic_write(args.out, lambda tmp: torch.save(payload, tmp))
@@ -116,18 +132,77 @@ def cmd_pretrained(args) -> None:
     _set_threads(1)
     spec = _json_arg(args.backbone_spec, "--backbone-spec")
     backbone = backbone_from_spec(spec)
+    weights_spec = {key: value for key, value in spec.items() if key not in RUN_SETTINGS}
     save_tensors(
         args.out, backbone.top_state(),
-        {"backbone": args.backbone, "spec": spec, "pretrained_sha256": backbone.checkpoint_sha256},
+        {"backbone": args.backbone, "spec": weights_spec, "pretrained_sha256": backbone.checkpoint_sha256},
     )
     _log(f"[pretrained] wrote {args.out} ({len(backbone.trainable_names())} tensors)")
+
+
+def cmd_zeroshot_head(args) -> None:
+    """A CLIP zero-shot classification head for one task from the text encoder, class names and prompts."""
+    from dpmerge.evaluate import load_prepared
+    from dpmerge.taskvectors import save_tensors
+    from dpmerge.zeroshot_prompts import TEMPLATES
+
+    _set_threads(args.threads)
+    backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
+    if not hasattr(backbone, "zeroshot_head"):
+        raise SystemExit(f"error: backbone {args.backbone!r} has no text encoder for zero-shot heads")
+    prepared = load_prepared(args.data)
+    task = prepared["task"]
+    # The paper's tasks use task_vectors' prompts; any other task the generic CLIP prompt.
+    templates = TEMPLATES.get(task, [lambda c: f"a photo of a {c}."])
+    head = backbone.zeroshot_head(list(prepared["class_names"]), templates)
+    save_tensors(args.out, head, {
+        "artifact": "zeroshot_head", "backbone": args.backbone, "task": task,
+        "pretrained_sha256": backbone.checkpoint_sha256, "class_names": list(prepared["class_names"]),
+        "templates": [template("{}") for template in templates],
+        # computed from public weights and public class names: no private data, no privacy cost
+        "privacy": "public",
+    })
+    _log(f"[zeroshot-head] {task}: {len(prepared['class_names'])} classes x {len(templates)} prompts -> {args.out}")
+
+
+def cmd_prepare_data(args) -> None:
+    """Download one paper dataset into the data directory (online machines only)."""
+    from dpmerge.paper_data import download
+
+    try:
+        path = download(args.task, args.data_dir)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}")
+    _log(f"[prepare-data] {args.task} is in {path}")
+
+
+def cmd_make_standins(args) -> None:
+    """Tiny CLIP and RoBERTa checkpoints and tiny copies of the paper's datasets, in the real formats."""
+    from dpmerge.paper_data import GLUE_TASKS, VISION_TASKS, read_split, write_standin
+    from dpmerge.standins import write_tiny_clip, write_tiny_roberta
+
+    out = Path(args.out)
+    config, checkpoint = write_tiny_clip(out / "clip", seed=args.seed)
+    _log(f"[make-standins] tiny CLIP: {config}, {checkpoint}")
+    for task in VISION_TASKS:
+        write_standin(task, out / "data", num_classes=args.vision_classes, train_per_class=args.train_per_class,
+                      test_per_class=args.test_per_class, image_size=args.image_size, seed=args.seed)
+    corpus = []
+    for task in GLUE_TASKS:
+        write_standin(task, out / "data", train_per_class=args.train_per_class, test_per_class=args.test_per_class,
+                      seed=args.seed)
+        split = read_split(task, out / "data")
+        for example in split.render(split.train_refs, 0):
+            corpus.extend(example if isinstance(example, (tuple, list)) else [example])
+    write_tiny_roberta(out / "roberta", corpus, seed=args.seed)
+    _log(f"[make-standins] tiny RoBERTa: {out / 'roberta'}; datasets: {out / 'data'}")
 
 
 def cmd_finetune(args) -> None:
     from dpmerge.evaluate import load_prepared
     from dpmerge.finetune import FinetuneConfig, finetune
     from dpmerge.methods import parse_label
-    from dpmerge.taskvectors import save_released
+    from dpmerge.taskvectors import load_tensors, save_released
 
     _set_threads(args.threads)
     spec = _json_arg(args.backbone_spec, "--backbone-spec")
@@ -149,10 +224,19 @@ def cmd_finetune(args) -> None:
         config = FinetuneConfig(method=method, target_epsilon=args.epsilon, seed=args.seed, **hparams)
     except TypeError as error:
         raise SystemExit(f"error: bad fine-tuning hyperparameters {sorted(hparams)}: {error}")
+    head = None
+    if args.zeroshot_head:
+        head, head_meta = load_tensors(args.zeroshot_head)
+        if head_meta.get("pretrained_sha256") != backbone.checkpoint_sha256 or head_meta.get("task") != prepared["task"]:
+            raise SystemExit(f"error: {args.zeroshot_head} is the zero-shot head of {head_meta.get('task')!r} from "
+                             "other pretrained weights or another task; rerun zeroshot-head")
+    elif getattr(backbone, "head_source", None) == "zeroshot":
+        raise SystemExit(f"error: backbone {args.backbone!r} classifies with frozen zero-shot heads: pass "
+                         "--zeroshot-head (from 'dpmerge zeroshot-head')")
     result = finetune(
         backbone, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
         prepared["train_labels"], config, log=_log, checkpoint=args.checkpoint,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=args.checkpoint_every, head=head, train_head=head is None,
     )
     # Training losses are statistics of private data: they stay in the job log, never in a released file.
     identity = {"backbone": args.backbone, "task": prepared["task"]}
@@ -319,6 +403,8 @@ def cmd_statistics(args) -> None:
         else:
             head, _ = load_tensors(head_path)
             result = fisher_statistics(backbone, head, features, clip_norm, sigma, generator)
+        # Statistics of the network's layers, under the names the task vectors are released with.
+        result = backbone.release_statistics(args.kind, result)
         tensors.update({f"{index}/{key}": value for key, value in result.items()})
         records.append(record)
         _log(f"[statistics] {args.kind} of {meta['task']} on {len(chosen)} {args.source} examples"
@@ -773,6 +859,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True, help="output .pt file")
 
+    p.add_argument("--data-dir", default=None,
+                   help="directory holding the paper's datasets (paper_data.py layouts); embedded tasks ignore it")
+    p.add_argument("--workers", type=int, default=1, help="threads decoding a paper dataset's images")
+
+    p = add("zeroshot-head", cmd_zeroshot_head,
+            "CLIP zero-shot head of one task: text embeddings of its class names in the task's prompt templates.")
+    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare' (for the class names)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True, help="output .safetensors")
+
+    p = add("prepare-data", cmd_prepare_data,
+            "Download one of the paper's datasets into the data directory in the layout 'prepare' reads (online).")
+    p.add_argument("--task", required=True, help="a vision task (sun397, cars, ...) or a GLUE task (cola, ...)")
+    p.add_argument("--data-dir", required=True)
+
+    p = add("make-standins", cmd_make_standins,
+            "Write a tiny random CLIP and RoBERTa and tiny copies of the 16 paper datasets in their real formats.")
+    p.add_argument("--out", required=True, help="directory; gets clip/, roberta/ and data/")
+    p.add_argument("--vision-classes", type=int, default=3, help="classes per stand-in vision dataset")
+    p.add_argument("--train-per-class", type=int, default=24)
+    p.add_argument("--test-per-class", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=40, help="side of the stand-in images (before resizing)")
+    p.add_argument("--seed", type=int, default=0)
+
     p = add("pretrained", cmd_pretrained, "Save the pretrained weights w0 of the trainable (merged) parameters.")
     p.add_argument("--backbone", required=True)
     p.add_argument("--backbone-spec", required=True, help=spec_help)
@@ -793,6 +905,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-head", required=True, help="task head .safetensors")
     p.add_argument("--checkpoint", help="resumable state file, kept outside the outputs (removed when done)")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    # nargs="?": the workflow passes the flag with an empty value for backbones that train their heads
+    p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
+                   help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATORS.items())

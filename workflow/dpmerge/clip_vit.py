@@ -348,7 +348,8 @@ def from_open_clip_state_dict(
         ValueError naming the first mismatching key: one `converted` does not have, one with another shape, or
         (unless ``partial``) the first of `converted`'s keys that `state` lacks.
     """
-    expected = to_open_clip_state_dict(converted)
+    # Shapes only (meta tensors): this runs on every load of a task vector and inside curvature's loss.
+    expected = to_open_clip_state_dict({name: value.to("meta") for name, value in converted.state_dict().items()})
     for key, value in state.items():
         name = key[len(prefix):] if key.startswith(prefix) else None
         if name not in expected:

@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from dpmerge import losses
 from dpmerge.backbones import Backbone, TaskModel
 from dpmerge.evaluate import evaluate_head
 
@@ -220,18 +220,19 @@ def task_loss(backbone: Backbone, head: dict[str, torch.Tensor], features: tuple
     """L_t as a function of the backbone's top parameters (names as in top_state): mean cross-entropy of the
     top + task t's head on the given examples, differentiable twice (functional_call swaps the top's
     parameters in, so Hessian-vector products need no copies of the model)."""
-    model = TaskModel(backbone, head["weight"].shape[0])
-    model.head.load_state_dict(head)
+    model = TaskModel.with_head(backbone, head)
     model.head.requires_grad_(False)
     model.eval()
     prefix = "backbone_network."
 
     def loss(params: Parameters) -> torch.Tensor:
+        # Released names -> the network's (differentiable: the CLIP ViT's q/k/v are slices of in_proj)
+        internal = backbone.internal_state(params)
         # The math attention kernel: the fused CPU kernels have no double backward (Hessian-vector products)
         with sdpa_kernel([SDPBackend.MATH]):
-            logits = torch.func.functional_call(model, {prefix + name: value for name, value in params.items()},
+            logits = torch.func.functional_call(model, {prefix + name: value for name, value in internal.items()},
                                                 features, strict=False)
-        return F.cross_entropy(logits, labels)
+        return losses.task_loss(logits, labels)
 
     return loss
 

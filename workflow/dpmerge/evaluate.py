@@ -1,7 +1,9 @@
 """Task metrics and evaluation of individual and merged models on cached trunk features.
 
-Scores are reported on a 0-100 scale with each task's own metric (accuracy, Matthews correlation, binary F1),
-as GLUE tables do. Losses are mean cross-entropy.
+Scores are reported on a 0-100 scale with each task's own metric, as GLUE tables do: accuracy, Matthews
+correlation (CoLA), binary F1, the mean of binary F1 and accuracy (MRPC, QQP: GLUE reports both and its score
+averages them), Spearman correlation (STS-B, a regression task). Losses are mean cross-entropy, or mean squared
+error for a regression head (losses.py).
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from dpmerge.backbones import Backbone, TaskModel
+from dpmerge import losses
 
-METRICS = ("accuracy", "mcc", "f1")
+METRICS = ("accuracy", "mcc", "f1", "f1_accuracy", "spearman")
 
 
 def score(metric: str, predictions: np.ndarray, labels: np.ndarray) -> float:
@@ -31,6 +33,14 @@ def score(metric: str, predictions: np.ndarray, labels: np.ndarray) -> float:
         from sklearn.metrics import f1_score
 
         return 100.0 * float(f1_score(labels, predictions, pos_label=1, zero_division=0))
+    if metric == "f1_accuracy":
+        return (score("f1", predictions, labels) + score("accuracy", predictions, labels)) / 2
+    if metric == "spearman":
+        from scipy.stats import spearmanr
+
+        if labels.size < 2 or np.ptp(predictions) == 0:
+            return 0.0  # constant predictions carry no ranking (spearmanr would return nan)
+        return 100.0 * float(spearmanr(predictions, labels).statistic)
     raise ValueError(f"unknown metric {metric!r}; known metrics: {', '.join(METRICS)}")
 
 
@@ -44,16 +54,17 @@ def evaluate_head(
     batch_size: int = 256,
 ) -> dict:
     """Loss and score of (backbone top as currently loaded) + `head` on one task's features."""
-    num_classes = head["weight"].shape[0]
-    model = TaskModel(backbone, num_classes)
-    model.head.load_state_dict(head)
+    model = TaskModel.with_head(backbone, head)
     model.eval()
-    logits = torch.cat(
-        [model(*(f[i : i + batch_size] for f in features)) for i in range(0, labels.shape[0], batch_size)]
-    )
+    device = backbone.device
+    outputs = []
+    for i in range(0, labels.shape[0], batch_size):
+        with backbone.autocast():
+            outputs.append(model(*(f[i : i + batch_size].to(device) for f in features)).float().cpu())
+    logits = torch.cat(outputs)
     return {
-        "loss": float(F.cross_entropy(logits, labels).item()),
-        "score": score(metric, logits.argmax(1).numpy(), labels.numpy()),
+        "loss": float(losses.task_loss(logits, labels).item()),
+        "score": score(metric, losses.predictions(logits).numpy(), labels.numpy()),
         "metric": metric,
         "num_examples": int(labels.shape[0]),
     }
@@ -64,4 +75,6 @@ def load_prepared(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prepared task file not found: {path} (run the 'prepare' rule first)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    # Memory-mapped: a fine-tune reads only its Poisson batches' rows, so a prepared task of many GB (a paper
+    # dataset's images at 224 px) costs page cache, not RAM.
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from dpmerge.backbones import Backbone, TaskModel
+from dpmerge.losses import task_loss
 from dpmerge.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.persample import STRATEGIES, make_clipper
 from dpmerge.privacy import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
@@ -99,7 +99,8 @@ def privatized_gradient(
     summed = clipped_gradient_sum(clipper, features, labels, clip_norm)
     # In place on the fresh sums: at ViT/RoBERTa scale every extra full-size temporary costs measurable time.
     for s in summed:
-        s.add_(torch.randn(s.shape, generator=generator, dtype=s.dtype), alpha=noise_multiplier * clip_norm)
+        s.add_(torch.randn(s.shape, generator=generator, dtype=s.dtype, device=s.device),
+               alpha=noise_multiplier * clip_norm)
         s.div_(expected_batch_size)
     return summed
 
@@ -199,7 +200,7 @@ def _save_checkpoint(path: Path, fingerprint: dict, step: int, params, optimizer
     state = {
         "fingerprint": fingerprint,
         "step": step,
-        "params": [p.detach().clone() for p in params],
+        "params": [p.detach().cpu() for p in params],
         "optimizer": optimizer.state_dict(),
         "sampler": sampler.get_state(),
         "noise": noise.get_state(),
@@ -241,8 +242,14 @@ def finetune(
     log=print,
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 10,
+    head: dict[str, torch.Tensor] | None = None,
+    train_head: bool = True,
 ) -> TrainingResult:
-    """Fine-tune the backbone's top and a fresh head on one task; return the task vector and privacy record.
+    """Fine-tune the backbone's top and a head on one task; return the task vector and privacy record.
+
+    The head starts from `head` when given (a CLIP zero-shot head, computed from public weights) and is
+    frozen with ``train_head=False``, as the paper does for CLIP; otherwise it is a fresh head trained with the
+    top (and privatized with it: it is part of every clipped per-example gradient).
 
     With `checkpoint`, the run saves its full state there every `checkpoint_every` steps and, when started
     again, resumes from it: the resumed run is bit-identical to an uninterrupted one (same batches, same noise)
@@ -260,21 +267,27 @@ def finetune(
     steps = max(1, round(config.epochs / sample_rate))
     delta = config.delta if config.delta is not None else 1.0 / num_examples
 
+    device = backbone.device
     torch.manual_seed(config.seed)  # head initialisation
     sampler = torch.Generator().manual_seed(config.seed)
-    noise = torch.Generator().manual_seed(config.seed + 1_000_003)
+    # On the training device: the noise is drawn where the gradients are (same stream on resume).
+    noise = torch.Generator(device=device).manual_seed(config.seed + 1_000_003)
 
     pretrained = backbone.top_state()
     model = TaskModel(backbone, num_classes)
+    if head is not None:
+        model.head.load_state_dict(head)
+    model.head.requires_grad_(train_head)
     model.train()
     strategy = (
         backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
     )
-    per_sample = make_clipper(model, strategy) if method.private else None
+    per_sample = make_clipper(model, strategy, backbone.autocast) if method.private else None
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     backbone_prefix = "backbone_network."
-    anchors = [pretrained.get(name.removeprefix(backbone_prefix)) for name in names]
+    internal_pretrained = {name: value.to(device) for name, value in backbone.internal_state(pretrained).items()}
+    anchors = [internal_pretrained.get(name.removeprefix(backbone_prefix)) for name in names]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
 
     if method.private:
@@ -287,6 +300,7 @@ def finetune(
         f"[finetune] method={config.method} N={num_examples} q={sample_rate:.5f} steps={steps} "
         f"sigma={sigma:.4f} queries/step={method.queries_per_step} delta={delta:.3g}"
         + (f" per-sample={strategy}" if method.private else "")
+        + f" device={device} precision={backbone.precision}"
     )
 
     def private_query(features, labels):
@@ -298,7 +312,9 @@ def finetune(
     def nonprivate_gradient(features, labels):
         optimizer.zero_grad(set_to_none=True)
         if labels.numel():
-            F.cross_entropy(model(*features), labels).backward()
+            with backbone.autocast():
+                loss = task_loss(model(*features), labels)
+            loss.backward()
         return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 
     first_step = 0
@@ -314,6 +330,9 @@ def finetune(
             "sigma": sigma,
             # strategies agree only up to float rounding; a resume must reproduce the run bit for bit
             "per_sample_gradients": strategy,
+            "precision": backbone.precision,
+            "train_head": train_head,
+            "head_sha256": tensors_sha256(head) if head is not None else None,
         }
         state = _load_checkpoint(checkpoint, fingerprint, log)
         if state is not None:
@@ -332,8 +351,8 @@ def finetune(
         started = time.time()
         for step in range(first_step, steps):
             batch = poisson_batch(num_examples, sample_rate, sampler)
-            features = tuple(f[batch] for f in train_features)
-            labels = train_labels[batch]
+            features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
+            labels = train_labels[batch].to(device)
             update = method_update(method, query, params, anchors, features, labels, config.rho, config.anchor_lambda)
             for p, u in zip(params, update):
                 p.grad = u
@@ -343,8 +362,8 @@ def finetune(
                 _save_checkpoint(checkpoint, fingerprint, step + 1, params, optimizer, sampler, noise)
             if step % config.log_every == 0 or step == steps - 1:
                 # Progress for the local log only: this loss is NOT privatized and must never be released.
-                with torch.no_grad():
-                    loss = F.cross_entropy(model(*features), labels).item() if labels.numel() else float("nan")
+                with torch.no_grad(), backbone.autocast():
+                    loss = task_loss(model(*features), labels).item() if labels.numel() else float("nan")
                 losses.append(loss)
                 log(
                     f"[finetune] step {step + 1}/{steps} batch={labels.numel()} loss={loss:.4f} "
@@ -368,7 +387,7 @@ def finetune(
         )
     finetuned = backbone.top_state()
     task_vector = {name: finetuned[name] - pretrained[name] for name in pretrained}
-    head = {name: value.detach().clone() for name, value in model.head.state_dict().items()}
+    head = {name: value.detach().to("cpu", copy=True) for name, value in model.head.state_dict().items()}
     backbone.load_top_state(pretrained)  # leave the shared backbone as we found it
     record = {
         "method": config.method,
@@ -391,6 +410,8 @@ def finetune(
         "hyperparameters": {
             **{k: v for k, v in asdict(config).items() if k != "log_every"},
             "per_sample_gradients": strategy if method.private else None,
+            "precision": backbone.precision,
+            "train_head": train_head,
         },
     }
     return TrainingResult(task_vector, head, record, losses)

@@ -80,7 +80,7 @@ def gram_statistics(
     count = features[0].shape[0]
     try:
         for start in range(0, count, batch_size):
-            batch = tuple(f[start:start + batch_size] for f in features)
+            batch = tuple(f[start:start + batch_size].to(backbone.device) for f in features)
             recorded.clear()
             backbone.top(*batch)
             weights = backbone.token_weights(*batch)
@@ -95,11 +95,12 @@ def gram_statistics(
     finally:
         for hook in hooks:
             hook.remove()
+    sums = {key: total.cpu() for key, total in sums.items()}  # noise is drawn on the CPU generator
     if clip_norm is not None and noise_multiplier > 0:
         for key, total in sums.items():
             noise = _noise_like(total, noise_multiplier * clip_norm, generator)
             sums[key] = total + (noise + noise.T) / 2  # noise on every entry, symmetrised (post-processing)
-    return {key: total / count for key, total in sums.items()}
+    return {key: (total / count).cpu() for key, total in sums.items()}
 
 
 def fisher_statistics(
@@ -119,8 +120,10 @@ def fisher_statistics(
     the sum gets Gaussian noise of std noise_multiplier * clip_norm per entry; negative noisy values are set
     to 0 (post-processing).
     """
-    model = TaskModel(backbone, head["weight"].shape[0])
-    model.head.load_state_dict(head)
+    if backbone.head_outputs(head) == 1:
+        raise ValueError("Fisher merging needs a classification head: a regression head (STS-B) has no predictive "
+                         "distribution over classes to take the Fisher of")
+    model = TaskModel.with_head(backbone, head)
     prefix = "backbone_network."
     trainable = {prefix + name: p.detach() for name, p in backbone.network.named_parameters() if p.requires_grad}
 
@@ -135,10 +138,10 @@ def fisher_statistics(
     sums = {name: torch.zeros_like(p) for name, p in trainable.items()}
     count = features[0].shape[0]
     for start in range(0, count, batch_size):
-        batch = tuple(f[start:start + batch_size] for f in features)
+        batch = tuple(f[start:start + batch_size].to(backbone.device) for f in features)
         with torch.no_grad():
             probabilities = torch.func.vmap(lambda *x: log_probs(trainable, *x).exp())(*batch)  # (B, classes)
-        contribution = {name: torch.zeros((batch[0].shape[0], *p.shape)) for name, p in trainable.items()}
+        contribution = {name: torch.zeros((batch[0].shape[0], *p.shape), device=p.device) for name, p in trainable.items()}
         for label in range(probabilities.shape[1]):
             grads = per_example_gradient(trainable, label, *batch)
             weight = probabilities[:, label]
@@ -150,6 +153,7 @@ def fisher_statistics(
             contribution = {n: c * scale.reshape(-1, *([1] * (c.ndim - 1))) for n, c in contribution.items()}
         for name, c in contribution.items():
             sums[name] += c.sum(0)
+    sums = {name: total.cpu() for name, total in sums.items()}  # noise is drawn on the CPU generator
     if clip_norm is not None and noise_multiplier > 0:
         sums = {n: (s + _noise_like(s, noise_multiplier * clip_norm, generator)).clamp(min=0) for n, s in sums.items()}
-    return {name.removeprefix(prefix): total / count for name, total in sums.items()}
+    return {name.removeprefix(prefix): (total / count).cpu() for name, total in sums.items()}

@@ -21,11 +21,14 @@ overridable with `finetune.per_sample_gradients`):
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dpmerge.losses import at_least_float32, task_loss
 
 STRATEGIES = ("functorch", "hooks", "bookkeeping")
 
@@ -38,9 +41,10 @@ def clip_factors(squared_norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
 class OpacusClipper:
     """Per-example gradients materialised by Opacus's GradSampleModule (vmap or hooks), then clipped and summed."""
 
-    def __init__(self, model: nn.Module, strategy: str):
+    def __init__(self, model: nn.Module, strategy: str, autocast=contextlib.nullcontext):
         from opacus import GradSampleModule
 
+        self.autocast = autocast
         # loss_reduction="sum" matters: with Opacus's default "mean" every per-sample gradient is scaled by B.
         self.strategy = strategy
         self.module = GradSampleModule(model, loss_reduction="sum", force_functorch=strategy == "functorch")
@@ -55,10 +59,13 @@ class OpacusClipper:
         self.module.zero_grad(set_to_none=True)
         self.module.enable_hooks()
         try:
-            F.cross_entropy(self.module(*features), labels, reduction="sum").backward()
+            with self.autocast():
+                loss = task_loss(self.module(*features), labels, reduction="sum")
+            loss.backward()
         finally:
             self.module.disable_hooks()
-        grads = PerExampleGradients({str(i): p.grad_sample for i, p in enumerate(self.params)})
+        # Norms, clipping and sums in float32 whatever precision the forward ran in.
+        grads = PerExampleGradients({str(i): at_least_float32(p.grad_sample) for i, p in enumerate(self.params)})
         sums = grads.clipped_sums(clip_factors(grads.squared_norms(), clip_norm))
         self.module.zero_grad(set_to_none=True)
         return [sums[str(i)] for i in range(len(self.params))]
@@ -228,8 +235,9 @@ class BookKeepingClipper:
 
     strategy = "bookkeeping"
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, autocast=contextlib.nullcontext):
         self.model = model
+        self.autocast = autocast
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.layers: list[tuple[str, nn.Module, object]] = []
         for name, module in model.named_modules():
@@ -261,7 +269,8 @@ class BookKeepingClipper:
         self._calls = {}
         self._recording = True
         try:
-            loss = F.cross_entropy(self.model(*features), labels, reduction="sum")
+            with self.autocast():
+                loss = task_loss(self.model(*features), labels, reduction="sum")
         finally:
             self._recording = False
         calls, self._calls = self._calls, {}
@@ -272,12 +281,18 @@ class BookKeepingClipper:
                                    "in place after the forward; per-example gradients would be wrong")
         # Only activation gradients are requested, so autograd never computes a (non-private) weight gradient.
         grad_outputs = torch.autograd.grad(loss, [call.output for *_, call in layers], allow_unused=True)
-        gradients = [
-            (module, rule(module, call.inputs, grad_output))
-            for (_, module, rule, call), grad_output in zip(layers, grad_outputs)
-            if grad_output is not None
-        ]
-        squared = torch.zeros(labels.shape[0], dtype=loss.dtype)
+        # Per-example norms, clipping and sums in float32 (activations may be bfloat16 under autocast): the
+        # clipping bound is what the privacy accounting relies on.
+        with torch.autocast(loss.device.type, enabled=False):
+            gradients = [
+                (module, rule(module, tuple(at_least_float32(t) for t in call.inputs), at_least_float32(grad_output)))
+                for (_, module, rule, call), grad_output in zip(layers, grad_outputs)
+                if grad_output is not None
+            ]
+            return self._clipped_sums(gradients, labels.shape[0], clip_norm, loss)
+
+    def _clipped_sums(self, gradients, batch: int, clip_norm: float, loss) -> list[torch.Tensor]:
+        squared = torch.zeros(batch, dtype=loss.dtype, device=loss.device)
         for _, layer in gradients:
             squared = squared + layer.squared_norms()
         factors = clip_factors(squared, clip_norm)
@@ -294,10 +309,11 @@ class BookKeepingClipper:
         self._handles = []
 
 
-def make_clipper(model: nn.Module, strategy: str):
-    """The per-example clipped-gradient oracle for `model` by `strategy` (one of STRATEGIES)."""
+def make_clipper(model: nn.Module, strategy: str, autocast=contextlib.nullcontext):
+    """The per-example clipped-gradient oracle for `model` by `strategy` (one of STRATEGIES); `autocast` is the
+    forward's precision context (Backbone.autocast)."""
     if strategy in ("functorch", "hooks"):
-        return OpacusClipper(model, strategy)
+        return OpacusClipper(model, strategy, autocast)
     if strategy == "bookkeeping":
-        return BookKeepingClipper(model)
+        return BookKeepingClipper(model, autocast)
     raise ValueError(f"unknown per_sample_gradients strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")

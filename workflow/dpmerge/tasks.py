@@ -70,7 +70,7 @@ __all__ = [
 
 MODALITIES = ("vision", "text")
 INPUT_KINDS = ("image", "single", "pair")
-METRICS = ("accuracy", "mcc", "f1")
+METRICS = ("accuracy", "mcc", "f1", "f1_accuracy", "spearman")
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,12 @@ class TaskSpec:
     description: str
     provenance: str
     licence: str
+    # Paper datasets (paper_data.py) are read from the configured data directory; embedded ones ship in packages.
+    needs_data_dir: bool = False
+
+    @property
+    def is_regression(self) -> bool:
+        return self.num_classes == 1
 
     def __post_init__(self) -> None:
         # A typo in the registry would otherwise surface much later, deep in
@@ -95,8 +101,9 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: input_kind does not fit modality")
         if self.metric not in METRICS:
             raise ValueError(f"task {self.name!r}: bad metric {self.metric!r}")
-        if self.num_classes < 2:
-            raise ValueError(f"task {self.name!r}: needs at least two classes")
+        if self.num_classes < 1 or (self.num_classes == 1) != (self.metric == "spearman"):
+            raise ValueError(f"task {self.name!r}: needs two or more classes, or one output scored by spearman "
+                             "(regression)")
 
 
 @dataclass
@@ -272,6 +279,20 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
+def _paper_specs() -> dict[str, TaskSpec]:
+    from dpmerge.paper_data import PAPER_TASKS
+
+    return {
+        name: TaskSpec(name=name, modality=info.modality, input_kind=info.input_kind, num_classes=info.num_classes,
+                       metric=info.metric, description=info.description, provenance=info.provenance,
+                       licence=info.licence, needs_data_dir=True)
+        for name, info in PAPER_TASKS.items()
+    }
+
+
+EMBEDDED_TASKS = tuple(TASKS)
+TASKS.update(_paper_specs())
+
 # --------------------------------------------------------------------------
 # Public entry point
 # --------------------------------------------------------------------------
@@ -317,9 +338,9 @@ def _subset_indices(n: int, limit: int | None, rng: np.random.Generator, held_ou
 
 
 def _take(raw: Any, idx: np.ndarray) -> Any:
-    if isinstance(raw, np.ndarray):
-        return raw[idx]
-    return [raw[i] for i in idx]
+    if isinstance(raw, list):
+        return [raw[i] for i in idx]
+    return raw[idx]  # numpy arrays and paper_data's ArrayRefs index by integer arrays
 
 
 def load_task(
@@ -330,6 +351,8 @@ def load_task(
     max_test: int | None = None,
     seed: int = 0,
     public_examples: int = 0,
+    data_dir: str | Path | None = None,
+    workers: int = 1,
 ) -> TaskData:
     """Load task ``name`` (a key of :data:`TASKS`).
 
@@ -339,17 +362,23 @@ def load_task(
     and nothing else, so the full split is identical for every seed.
     ``public_examples`` sets that many training examples aside (seeded, disjoint from the private training
     subset whatever ``max_train`` is) as public data for data-dependent merge operators.
-    Raises ValueError for an unknown name or invalid argument.
+    ``data_dir``: where the paper's datasets are (paper_data.py); ignored for the embedded tasks.
+    ``workers``: threads decoding a paper dataset's images. Its inputs come back *lazy* (`LazyInputs`): images
+    are decoded and resized only when a chunk is sliced, so a 100k-image train set never sits in memory whole.
+    Raises ValueError for an unknown name or invalid argument, paper_data.MissingDataError for absent data.
     """
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    if TASKS[name].needs_data_dir and data_dir is None:
+        raise ValueError(f"task {name!r} is read from a data directory: set data.dir in the config "
+                         "(see `dpmerge prepare-data --help`)")
     if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 1:
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     _check_count(max_train, "max_train")
     _check_count(max_test, "max_test")
 
     spec = TASKS[name]
-    full = _full_split(name)
+    full = _paper_split(name, str(Path(data_dir).resolve()), workers) if spec.needs_data_dir else _full_split(name)
     # Separate streams for train and test so that max_train never changes
     # which test examples are drawn, and vice versa.
     if isinstance(public_examples, bool) or not isinstance(public_examples, (int, np.integer)) or public_examples < 0:
@@ -363,15 +392,20 @@ def load_task(
         len(full.train_labels), max_train, np.random.default_rng([seed, 0]), held_out=public_examples
     )
     test_idx, _ = _subset_indices(len(full.test_labels), max_test, np.random.default_rng([seed, 1]))
+    label_dtype = np.float32 if spec.is_regression else np.int64
+    if spec.needs_data_dir and not spec.is_regression and len(full.class_names) != spec.num_classes:
+        # A stand-in copy (paper_data.write_standin) may hold fewer classes than the real dataset: the head is
+        # sized by the classes the data directory actually has.
+        spec = dataclasses.replace(spec, num_classes=len(full.class_names))
     return TaskData(
         spec=spec,
         class_names=list(full.class_names),
         train_inputs=full.render(_take(full.train_raw, train_idx), int(image_size)),
-        train_labels=full.train_labels[train_idx].astype(np.int64),
+        train_labels=full.train_labels[train_idx].astype(label_dtype),
         test_inputs=full.render(_take(full.test_raw, test_idx), int(image_size)),
-        test_labels=full.test_labels[test_idx].astype(np.int64),
+        test_labels=full.test_labels[test_idx].astype(label_dtype),
         public_inputs=full.render(_take(full.train_raw, public_idx), int(image_size)) if len(public_idx) else (),
-        public_labels=full.train_labels[public_idx].astype(np.int64),
+        public_labels=full.train_labels[public_idx].astype(label_dtype),
     )
 
 
@@ -384,6 +418,48 @@ def _full_split(name: str) -> _FullSplit:
         if isinstance(arr, np.ndarray):
             arr.setflags(write=False)
     return full
+
+
+class LazyInputs:
+    """A paper dataset's examples, rendered (decoded, resized, cropped) only when sliced.
+
+    ``len()`` and slicing are all `Backbone.trunk_features` needs; each slice is rendered by `workers` threads
+    (PIL decoding and resizing release the GIL), which is what a DataLoader's workers would do, once.
+    """
+
+    def __init__(self, refs, render, image_size: int, workers: int = 1):
+        self.refs, self._render, self.image_size, self.workers = refs, render, image_size, max(1, int(workers))
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            raise TypeError("LazyInputs supports slicing only")
+        refs = self.refs[index]
+        if self.workers == 1 or len(refs) < 2 * self.workers:
+            return self._render(refs, self.image_size)
+        from concurrent.futures import ThreadPoolExecutor
+
+        bounds = np.linspace(0, len(refs), self.workers + 1).astype(int)
+        with ThreadPoolExecutor(self.workers) as pool:
+            parts = list(pool.map(lambda b: self._render(refs[b[0]:b[1]], self.image_size), zip(bounds, bounds[1:])))
+        return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else [x for part in parts for x in part]
+
+
+@functools.lru_cache(maxsize=None)
+def _paper_split(name: str, data_dir: str, workers: int) -> _FullSplit:
+    from dpmerge.paper_data import read_split
+
+    split = read_split(name, data_dir)
+    if TASKS[name].modality == "vision":
+        def render(refs, size):
+            return LazyInputs(refs, split.render, size, workers)
+    else:
+        def render(refs, size):
+            return split.render(refs, size)
+    return _FullSplit(tuple(split.class_names), split.train_refs, np.asarray(split.train_labels),
+                      split.test_refs, np.asarray(split.test_labels), render)
 
 
 # --------------------------------------------------------------------------
@@ -1002,4 +1078,4 @@ _BUILDERS: dict[str, Callable[[], _FullSplit]] = {
     "bbc_same_topic": lambda: _build_bbc_pair_task("bbc_same_topic"),
     "bbc_next_sentence": lambda: _build_bbc_pair_task("bbc_next_sentence"),
 }
-assert set(_BUILDERS) == set(TASKS)
+assert set(_BUILDERS) == set(EMBEDDED_TASKS)

@@ -1,6 +1,7 @@
 # Validation, the grid, wildcard constraints and input functions shared by all rules.
 import json
 import os
+import shlex
 import sys
 
 from snakemake.utils import validate
@@ -30,9 +31,19 @@ def _config_error(message):
 
 for _name, _backbone in config["backbones"].items():
     _modality = BACKBONES[_backbone["kind"]].modality
+    _unused = [key for key in ("model", "pretrained", "cache_dir")
+               if key in _backbone and key not in BACKBONES[_backbone["kind"]].options]
+    if _unused:
+        _config_error(f"backbones.{_name}.{_unused[0]}: not an option of kind {_backbone['kind']!r} (its options: "
+                      f"{', '.join(BACKBONES[_backbone['kind']].options)})")
+    if _backbone["kind"] == "open_clip" and "model" not in _backbone:
+        _config_error(f"backbones.{_name}.model: kind open_clip needs an open_clip model name or config JSON")
     for _task in _backbone["tasks"]:
         if _task not in TASKS:
             _config_error(f"backbones.{_name}.tasks: unknown task {_task!r}; known tasks: {', '.join(sorted(TASKS))}")
+        if TASKS[_task].needs_data_dir and not config["data"].get("dir"):
+            _config_error(f"backbones.{_name}.tasks: {_task!r} is read from a data directory; set data.dir "
+                          "(`dpmerge prepare-data --help` writes the expected layout)")
         if TASKS[_task].modality != _modality:
             _config_error(
                 f"backbones.{_name}.tasks: {_task!r} is a {TASKS[_task].modality} task, "
@@ -169,12 +180,56 @@ wildcard_constraints:
     operator="|".join(sorted(config["merge"], key=len, reverse=True)),
 
 
-def backbone_spec(wildcards):
-    """Only the fields that matter for this kind, so an unrelated default never reruns its jobs."""
+COMPUTE_DEFAULTS = {"device": "cpu", "precision": "fp32"}
+
+
+def compute_settings(backbone):
+    """Device and precision of a backbone's jobs: config `compute`, overridden by the backbone's entry."""
+    entry = config["backbones"][backbone]
+    return {key: entry.get(key, config["compute"].get(key, default)) for key, default in COMPUTE_DEFAULTS.items()}
+
+
+def weights_spec(wildcards):
+    """Only the fields that matter for this kind's weights, so an unrelated default never reruns its jobs."""
     entry = config["backbones"][wildcards.backbone]
     relevant = BACKBONES[entry["kind"]].options
     spec = {"kind": entry["kind"], **{k: v for k, v in entry.items() if k in relevant}}
     return json.dumps(spec, sort_keys=True)
+
+
+def backbone_spec(wildcards):
+    """The weights' spec plus where the job runs; default settings are left out, so runs made before there was
+    a choice keep their parameters (and are not rerun)."""
+    spec = json.loads(weights_spec(wildcards))
+    spec.update({k: v for k, v in compute_settings(wildcards.backbone).items() if v != COMPUTE_DEFAULTS[k]})
+    return json.dumps(spec, sort_keys=True)
+
+
+def gpus(wildcards):
+    """`resources: gpu` of a backbone's network jobs: one GPU unless it runs on the CPU."""
+    return 0 if compute_settings(wildcards.backbone)["device"] == "cpu" else 1
+
+
+def backbone_resource(name, default):
+    """A job resource (mem_mb, runtime) from the backbone's `resources:` entry, else the rule's default."""
+
+    def resource(wildcards):
+        return config["backbones"][wildcards.backbone].get("resources", {}).get(name, default)
+
+    return resource
+
+
+def zeroshot_heads(backbone):
+    return BACKBONES[config["backbones"][backbone]["kind"]].zeroshot_heads
+
+
+def zeroshot_head_input(wildcards):
+    return [ZEROSHOT_HEAD.format(**wildcards)] if zeroshot_heads(wildcards.backbone) else []
+
+
+# Part of prepare's command, not a parameter: where the data lies is not a setting of the result, so moving the
+# data directory reruns nothing.
+DATA_DIR_ARGUMENT = f"--data-dir {shlex.quote(os.path.abspath(config['data']['dir']))}" if config["data"].get("dir") else ""
 
 
 def finetune_settings(backbone, method):
@@ -220,6 +275,7 @@ def per_task(pattern):
 TV = result("taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 HEAD = result("heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 DATA = result("data/{backbone}/{task}.pt")
+ZEROSHOT_HEAD = result("zeroshot_heads/{backbone}/{task}.safetensors")
 PRETRAINED = result("pretrained/{backbone}.safetensors")
 MERGED = result("merged/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors")
 SCORES_INDIVIDUAL = result("scores/individual/{backbone}/{eps}/{method}/{seed}.parquet")

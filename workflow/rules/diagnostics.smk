@@ -38,7 +38,8 @@ rule interpolation:
         result("benchmarks/interpolation/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="1h",
     shell:
         "dpmerge interpolate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
@@ -68,7 +69,8 @@ rule curvature:
         result("benchmarks/curvature/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="1h",
     shell:
         "dpmerge curvature --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
@@ -99,7 +101,8 @@ rule landscape:
         result("benchmarks/landscape/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="2h",
     shell:
         "dpmerge landscape --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
@@ -127,7 +130,8 @@ rule linearity:
         result("benchmarks/linearity/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="1h",
     shell:
         "dpmerge linearity --curvature {input.curvature} --backbone-spec {params.spec:q} --base {input.base} "

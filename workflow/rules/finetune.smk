@@ -6,7 +6,7 @@ rule pretrained:
     output:
         PRETRAINED,
     params:
-        spec=backbone_spec,
+        spec=weights_spec,
     log:
         result("logs/pretrained/{backbone}.log"),
     benchmark:
@@ -35,17 +35,41 @@ rule prepare:
         result("benchmarks/prepare/{backbone}/{task}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
-        runtime="30m",
+        mem_mb=backbone_resource("mem_mb", 4000),
+        runtime=backbone_resource("runtime", "30m"),
+        gpu=gpus,
     shell:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
-        "--data-seed {params.seed} --public-examples {params.public} --threads {threads} --out {output} > {log} 2>&1"
+        "--data-seed {params.seed} --public-examples {params.public} " + DATA_DIR_ARGUMENT + " "
+        "--workers {threads} --threads {threads} --out {output} > {log} 2>&1"
+
+
+# CLIP backbones classify with a frozen zero-shot head per task (text encoder x class names x prompts): public
+# weights and public names, computed once per (backbone, task) and shared by every method, budget and seed.
+rule zeroshot_head:
+    input:
+        data=DATA,
+    output:
+        ZEROSHOT_HEAD,
+    params:
+        spec=backbone_spec,
+    log:
+        result("logs/zeroshot_head/{backbone}/{task}.log"),
+    threads: 1
+    resources:
+        mem_mb=backbone_resource("mem_mb", 4000),
+        runtime="30m",
+        gpu=gpus,
+    shell:
+        "dpmerge zeroshot-head --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "--data {input.data} --out {output} > {log} 2>&1"
 
 
 rule finetune:
     input:
         data=DATA,
+        zeroshot=zeroshot_head_input,
     output:
         vector=TV,
         head=HEAD,
@@ -62,11 +86,12 @@ rule finetune:
         result("benchmarks/finetune/{backbone}/{eps}/{method}/{seed}/{task}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=6000,
-        runtime="12h",
+        mem_mb=backbone_resource("mem_mb", 6000),
+        runtime=backbone_resource("runtime", "12h"),
+        gpu=gpus,
     shell:
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
-        "--data {input.data} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
+        "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
         "--hparams {params.hparams:q} --threads {threads} "
         "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} > {log} 2>&1"
 

@@ -19,7 +19,8 @@ rule merge_statistics:
         result("benchmarks/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="1h",
     shell:
         "dpmerge statistics {params.flags} --backbone-spec {params.spec:q} --base {input.base} "
@@ -65,7 +66,8 @@ rule evaluate_individual:
         result("benchmarks/evaluate_individual/{backbone}/{eps}/{method}/{seed}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="1h",
     shell:
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
@@ -89,7 +91,8 @@ rule evaluate_merged:
         result("benchmarks/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
     threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="1h",
     shell:
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
