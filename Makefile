@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo test install dry-run clean
+.PHONY: demo test install dry-run standin clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,11 @@ demo: install
 	# every table and figure, captioned, in one self-contained HTML file
 	$(BIN)/snakemake --cores 1 --configfile config.yaml --workflow-profile profiles/local --report results/report.html
 
+# The paper's code paths (CLIP, RoBERTa, the paper's dataset readers) on tiny stand-ins: minutes on a CPU.
+standin: install
+	[ -d standins ] || $(BIN)/dpmerge make-standins --out standins
+	$(BIN)/snakemake --cores $(CORES) --configfile presets/standin.yaml --workflow-profile profiles/local
+
 dry-run: install
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
 
@@ -27,4 +32,4 @@ test: install
 	$(BIN)/python -m pytest -q tests
 
 clean:
-	rm -rf results .snakemake
+	rm -rf results results_standin standins .snakemake

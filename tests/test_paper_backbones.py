@@ -2,6 +2,7 @@
 refuse foreign checkpoints, the DP-ready networks compute what open_clip / transformers compute, task vectors use
 the original tensor names, CLIP's zero-shot heads follow task_vectors, and the GPU-readiness switches behave."""
 
+import json
 
 import numpy as np
 import pytest
@@ -272,3 +273,17 @@ def test_unknown_backbone_lists_the_known_ones():
         load_backbone("vit_huge")
     assert {"clip_vit_b32", "clip_vit_b16", "clip_vit_l14", "roberta_base", "roberta_large"} <= set(BACKBONES)
     assert BACKBONES["clip_vit_l14"].zeroshot_heads and not BACKBONES["roberta_large"].zeroshot_heads
+
+
+def test_prepare_names_a_missing_dataset_and_how_to_get_it(tmp_path):
+    import subprocess
+    import sys
+
+    spec = json.dumps({"kind": "minilm_l6", "trainable_blocks": 1})
+    result = subprocess.run([sys.executable, "-m", "dpmerge.cli", "prepare", "--backbone", "m", "--backbone-spec",
+                             spec, "--task", "cola", "--data-dir", str(tmp_path), "--out", str(tmp_path / "x.pt")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "cola" in result.stderr and str(tmp_path / "glue") in result.stderr
+    assert "dpmerge prepare-data --task cola" in result.stderr
+    assert not (tmp_path / "x.pt").exists()

@@ -36,16 +36,21 @@ def preset(name: str) -> dict:
 def test_paper_vision_preset_lists_the_papers_dag(tmp_path):
     counts = job_counts(tmp_path, "--configfile", str(ROOT / "presets/paper_vision.yaml"))
     backbones, tasks, operators = 3, 8, 6  # ViT-B/32, B/16, L/14; SUN397 ... DTD; WA, RegMean, TA, TIES, PCB, WUDI
-    main_groups = backbones * (1 + 4)  # nonprivate (epsilon = inf) + 4 methods at epsilon = 4
-    sweep_eps, sweep_rho, sweep_lambda = 2 * 3, 4, 4  # ViT-B/32: (naive, DP-Merging) x eps {1,2,8}; 4 rho; 4 lambda
+    epsilons, private_methods = 4, 4  # {1, 2, 4, 8}; naive DP, DP-Merging, DP-SAM, DP-anchor (+ non-private)
+    main_groups = backbones * (1 + private_methods * epsilons)
+    sweep_rho, sweep_lambda = 4, 4  # ViT-B/32 at epsilon = 4: four more rho, four more lambda values
     assert counts["prepare"] == counts["zeroshot_head"] == backbones * tasks
     assert counts["pretrained"] == backbones
-    assert counts["finetune"] == (main_groups + sweep_eps + sweep_rho + sweep_lambda) * tasks
-    # main groups: every operator; the eps sweep: TIES (tables) + weight averaging (curvature); rho, lambda: TIES
-    assert counts["merge"] == main_groups * operators + sweep_eps * 2 + sweep_rho + sweep_lambda
+    assert counts["finetune"] == (main_groups + sweep_rho + sweep_lambda) * tasks
+    # main groups: every operator and diagnostic; the sensitivity runs: TIES, the tables' operator
+    assert counts["merge"] == counts["evaluate_merged"] == main_groups * operators + sweep_rho + sweep_lambda
     assert counts["merge_statistics"] == main_groups  # RegMean's public Grams, one file per release group
-    assert counts["table1"] == counts["table5"] == counts["table8"] == backbones  # Tables 1, 2, 10; 5; 8
+    assert counts["curvature"] == counts["linearity"] == main_groups
+    assert counts["drift"] == main_groups + sweep_rho + sweep_lambda
+    # Tables 1/2/10, 5 and 8 per backbone and budget; Tables 4, 6, 7 once
+    assert counts["table1"] == counts["table5"] == counts["table8"] == backbones * epsilons
     assert counts["table4"] == counts["table6"] == counts["table7"] == 1
+    assert counts["figure_sharpness_drift"] == counts["figure_gap_bound"] == backbones
 
 
 def test_paper_glue_preset_lists_the_papers_dag(tmp_path):
@@ -63,11 +68,13 @@ def test_paper_glue_preset_lists_the_papers_dag(tmp_path):
 def test_paper_presets_name_the_papers_settings():
     for name in ("paper_vision.yaml", "paper_glue.yaml"):
         config = preset(name)
-        assert config["finetune"] | {"betas": None} == {
-            "epochs": 10, "batch_size": 16, "clip_norm": 0.2, "lr": 1e-5, "weight_decay": 0.01, "betas": None,
-            "rho": 0.05, "anchor_lambda": 0.05, "accountant": "rdp"}
+        assert config["finetune"] == {
+            "epochs": 10, "batch_size": 16, "clip_norm": 0.2, "lr": 1e-5, "weight_decay": 0.01,
+            "betas": [0.9, 0.999], "rho": 0.05, "anchor_lambda": 0.05, "accountant": "rdp"}
         assert set(config["merge"]) == {"weight_averaging", "regmean", "task_arithmetic", "ties", "pcb", "wudi"}
-        assert config["epsilons"] + config["sweeps"]["epsilon"]["epsilons"] == [4, 1, 2, 8]
+    assert preset("paper_vision.yaml")["epsilons"] == [1, 2, 4, 8]
+    glue = preset("paper_glue.yaml")
+    assert glue["epsilons"] + glue["sweeps"]["epsilon"]["epsilons"] == [4, 1, 2, 8]
 
 
 def test_a_preset_replaces_the_default_config_instead_of_extending_it(tmp_path):

@@ -63,7 +63,8 @@ def backbone_from_spec(spec: dict):
             f"options: {', '.join(BACKBONES[kind].options)}"
         )
     try:
-        return load_backbone(kind, **spec).set_device(**run)
+        # CPU unless the spec says otherwise: the workflow leaves the defaults out of the spec
+        return load_backbone(kind, **spec).set_device(**{"device": "cpu", "precision": "fp32", **run})
     except ValueError as error:
         raise SystemExit(f"error: backbone {kind!r}: {error}")
 
@@ -171,7 +172,7 @@ def cmd_prepare_data(args) -> None:
 
     try:
         path = download(args.task, args.data_dir)
-    except ValueError as error:
+    except (ValueError, RuntimeError) as error:  # unknown task; offline, or a source that needs a manual copy
         raise SystemExit(f"error: {error}")
     _log(f"[prepare-data] {args.task} is in {path}")
 

@@ -224,15 +224,20 @@ def task_loss(backbone: Backbone, head: dict[str, torch.Tensor], features: tuple
     model.head.requires_grad_(False)
     model.eval()
     prefix = "backbone_network."
+    # The network runs on the backbone's device; the parameters and the returned loss stay on the CPU, where the
+    # diagnostics keep their directions and iterates (autograd carries gradients and HVPs across the copy).
+    device = backbone.device
+    features = tuple(f.to(device) for f in features)
+    labels = labels.to(device)
 
     def loss(params: Parameters) -> torch.Tensor:
         # Released names -> the network's (differentiable: the CLIP ViT's q/k/v are slices of in_proj)
-        internal = backbone.internal_state(params)
+        internal = backbone.internal_state({name: value.to(device) for name, value in params.items()})
         # The math attention kernel: the fused CPU kernels have no double backward (Hessian-vector products)
         with sdpa_kernel([SDPBackend.MATH]):
             logits = torch.func.functional_call(model, {prefix + name: value for name, value in internal.items()},
                                                 features, strict=False)
-        return losses.task_loss(logits, labels)
+        return losses.task_loss(logits, labels).cpu()
 
     return loss
 
