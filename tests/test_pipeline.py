@@ -1,5 +1,6 @@
-"""End to end: a tiny config through the real Snakefile, then a rerun that does nothing, then a changed merge
-hyperparameter that reruns only merges and what depends on them, and config errors that stop before any job."""
+"""End to end: a tiny config through the real Snakefile, then a rerun that does nothing; a changed merge
+hyperparameter, an added budget or task, an edited table command rerun exactly what depends on them; config
+errors stop before any job."""
 
 import json
 import os
@@ -228,6 +229,15 @@ def test_paper_tables_figures_and_report(finished_run):
         assert needle in page, needle
 
 
+def test_released_task_vectors_and_heads_are_write_protected(finished_run):
+    import stat
+
+    released = list((finished_run / "results/taskvectors").rglob("*.safetensors"))
+    released += list((finished_run / "results/heads").rglob("*.safetensors"))
+    assert len(released) == 2 * len(list((finished_run / "results/taskvectors").rglob("*.safetensors"))) > 0
+    assert all(stat.S_IMODE(path.stat().st_mode) & 0o222 == 0 for path in released)
+
+
 def test_second_run_does_nothing(finished_run):
     result = snakemake(finished_run, "-n")
     assert result.returncode == 0
@@ -258,6 +268,60 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
     assert planned_jobs(result.stdout + result.stderr) == {
         "merge_statistics": 4, "merge": 4, "evaluate_merged": 4, "table1": 2, "table8": 2, "privacy_ledger": 1,
         "all": 1}
+
+
+def _dry_run_with(finished_run, name, change):
+    changed = yaml.safe_load((finished_run / "config.yaml").read_text())
+    change(changed)
+    config = finished_run / name
+    config.write_text(yaml.safe_dump(changed))
+    result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    jobs = re.findall(r"rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n", output)
+    return planned_jobs(output), [(rule, dict(pair.split("=", 1) for pair in w.split(", "))) for rule, w in jobs]
+
+
+def test_added_epsilon_adds_only_its_fine_tunes_and_what_depends_on_them(finished_run):
+    counts, jobs = _dry_run_with(finished_run, "add_epsilon.yaml", lambda c: c.update(epsilons=[4, 2]))
+    # 2 backbones x 2 methods at the new budget: 2 tasks each; 5 merges, 2 statistics (RegMean, Fisher) and every
+    # diagnostic per group; that budget's Tables 1 and 8 and figures; the cross-budget Table 4, Fig. 3, gap plot
+    assert counts == {"finetune": 8, "merge": 20, "evaluate_merged": 20, "merge_statistics": 8, "evaluate_individual": 4,
+                      "drift": 4, "interpolation": 4, "curvature": 4, "linearity": 4, "landscape": 4, "table1": 2,
+                      "table8": 2, "figure_interpolation": 2, "figure_landscape": 2, "table4": 1,
+                      "figure_sharpness_drift": 2, "figure_gap_bound": 2, "privacy_ledger": 1, "tables_index": 1,
+                      "all": 1}
+    assert all(w["eps"] == "eps2" for _, w in jobs if "eps" in w)  # nothing of the epsilon-4 groups reruns
+
+
+def test_added_task_adds_only_its_fine_tunes_and_what_depends_on_them(finished_run):
+    counts, jobs = _dry_run_with(finished_run, "add_task.yaml",
+                                 lambda c: c["backbones"]["effnet"]["tasks"].append("photos"))
+    # effnet's release groups: 2 methods at epsilon 4, 2 at the swept epsilon 8, DP-Merging at rho 0.2
+    assert counts["prepare"] == 1 and counts["finetune"] == 5
+    assert all(w["task"] == "photos" for rule, w in jobs if rule in ("prepare", "finetune"))
+    assert counts["merge"] == 2 * 5 + 2 * 2 + 1  # every merge of each effnet group, which now has one more task
+    assert all(w["backbone"] == "effnet" for _, w in jobs)  # MiniLM's results stand
+    assert "pretrained" not in counts
+
+
+def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
+    """Code changes are a rerun trigger only where asked for; then a table rule's new command reruns the tables
+    alone, never a fine-tune."""
+    workflow = tmp_path / "wf"
+    shutil.copytree(ROOT / "workflow", workflow / "workflow", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    shutil.copy(ROOT / "Snakefile", workflow / "Snakefile")
+    rules = workflow / "workflow/rules/paper.smk"
+    text = rules.read_text()
+    assert text.count('"dpmerge table --kind multitask') == 1
+    # the same command spelled differently: a code change that changes no result
+    rules.write_text(text.replace('"dpmerge table --kind multitask', '"dpmerge table --kind=multitask'))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow")}
+    result = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"),
+                             "--directory", str(finished_run), "--cores", "2", "-n", "--rerun-triggers", "code"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert planned_jobs(result.stdout + result.stderr) == {"table1": 2, "all": 1}
 
 
 @pytest.mark.parametrize(

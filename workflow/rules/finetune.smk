@@ -71,8 +71,10 @@ rule finetune:
         data=DATA,
         zeroshot=zeroshot_head_input,
     output:
-        vector=TV,
-        head=HEAD,
+        # Released once: read-only, so no later run overwrites a finished release (its budget is spent). To
+        # retrain on purpose, delete the files.
+        vector=protected(TV),
+        head=protected(HEAD),
     params:
         spec=backbone_spec,
         hparams=finetune_hparams,
