@@ -211,10 +211,12 @@ def gpus(wildcards):
 
 
 def backbone_resource(name, default):
-    """A job resource (mem_mb, runtime) from the backbone's `resources:` entry, else the rule's default."""
+    """A job resource (mem_mb, runtime) from the backbone's `resources:` entry, else the rule's default. Memory
+    grows with the attempt, so a job retried after running out of memory (profiles/slurm: retries) gets more."""
 
-    def resource(wildcards):
-        return config["backbones"][wildcards.backbone].get("resources", {}).get(name, default)
+    def resource(wildcards, attempt):
+        value = config["backbones"][wildcards.backbone].get("resources", {}).get(name, default)
+        return value * attempt if name == "mem_mb" else value
 
     return resource
 
