@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dpmerge.backbones import Backbone, check_state
+from dpmerge.backbones import TextEncoder, check_state
 
 HUB_IDS = {"roberta_base": "FacebookAI/roberta-base", "roberta_large": "FacebookAI/roberta-large"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -53,9 +53,7 @@ def _model_dir(kind: str, checkpoint: str | None, cache_dir: str | None) -> Path
             "elsewhere with save_pretrained and set the backbone's `checkpoint:` to that directory") from error
 
 
-class RoBERTa(Backbone):
-    modality = "text"
-
+class RoBERTa(TextEncoder):
     def __init__(self, kind: str = "roberta_base", trainable_blocks: int | str = "all", max_length: int = 128,
                  checkpoint: str | None = None, cache_dir: str | None = None):
         from transformers import AutoConfig, AutoTokenizer, RobertaModel
@@ -72,7 +70,7 @@ class RoBERTa(Backbone):
         if weights is None:
             raise FileNotFoundError(f"RoBERTa weights not found in {model_dir}: expected one of {', '.join(WEIGHT_FILES)}")
         self.checkpoint_path = weights
-        # Dropout off: DP-SAM's two queries must see the same function (as for MiniLM, backbones.py).
+        # Dropout off (TextEncoder's docstring says why).
         config = AutoConfig.from_pretrained(model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         if config.model_type != "roberta":
             raise ValueError(f"{model_dir}/config.json: model_type {config.model_type!r}, expected 'roberta'")
@@ -85,43 +83,17 @@ class RoBERTa(Backbone):
         self.network = network
         self.max_length = int(max_length)
         self.embed_dim = config.hidden_size
-        num_layers = len(network.encoder.layer)
-        k = num_layers if trainable_blocks == "all" else int(trainable_blocks)
-        if not 1 <= k <= num_layers:
-            raise ValueError(f"trainable_blocks must be 1..{num_layers} or 'all', got {trainable_blocks!r}")
-        self.first_trainable_layer = num_layers - k
-        network.requires_grad_(False)
-        network.encoder.layer[self.first_trainable_layer:].requires_grad_(True)
+        self._set_trainable_layers(trainable_blocks)
 
     def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
-        if len(inputs) and isinstance(inputs[0], (tuple, list)):
-            first, second = zip(*inputs)
-            batch = self.tokenizer(list(first), list(second), padding="max_length", truncation=True,
-                                   max_length=self.max_length, return_tensors="pt")
-        else:
-            batch = self.tokenizer(list(inputs), padding="max_length", truncation=True, max_length=self.max_length,
-                                   return_tensors="pt")
+        batch = self._tokenize(inputs)
         return batch["input_ids"], batch["attention_mask"]
 
-    @staticmethod
-    def _additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
-
-    def trunk(self, input_ids, attention_mask) -> tuple[torch.Tensor, ...]:
+    def _embed(self, input_ids) -> torch.Tensor:
         # RoBERTa numbers positions from padding_idx + 1 over non-padding tokens; its embeddings do that from ids.
-        hidden = self.network.embeddings(input_ids=input_ids)
-        mask = self._additive_mask(attention_mask, hidden.dtype)
-        for layer in self.network.encoder.layer[: self.first_trainable_layer]:
-            hidden = layer(hidden, attention_mask=mask)
-        return hidden, attention_mask.to(hidden.dtype)
+        return self.network.embeddings(input_ids=input_ids)
 
-    def token_weights(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return attention_mask
-
-    def top(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        mask = self._additive_mask(attention_mask, hidden.dtype)
-        for layer in self.network.encoder.layer[self.first_trainable_layer:]:
-            hidden = layer(hidden, attention_mask=mask)
+    def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return hidden[:, 0]  # the <s> token, as RobertaClassificationHead reads it
 
     def make_head(self, num_classes: int) -> nn.Module:

@@ -404,9 +404,62 @@ class EfficientNetLite0(Backbone):
 # ----------------------------------------------------------------------------------------------------- text
 
 
-class MiniLML6(Backbone):
-    kind = "minilm_l6"
+class TextEncoder(Backbone):
+    """A transformers encoder split by layers: embeddings and the first layers are the frozen trunk, the last
+    `trainable_blocks` layers the top. Subclasses load the network and say how tokens are embedded and pooled.
+
+    Dropout is off in every subclass: DP-SAM's two gradient queries must see the same function, and Opacus only
+    records per-sample activations in train mode, so "train mode without dropout" is the clean choice.
+    """
+
     modality = "text"
+
+    def _set_trainable_layers(self, trainable_blocks: int | str) -> None:
+        num_layers = len(self.network.encoder.layer)
+        k = num_layers if trainable_blocks == "all" else int(trainable_blocks)
+        if not 1 <= k <= num_layers:
+            raise ValueError(f"trainable_blocks must be 1..{num_layers} or 'all', got {trainable_blocks!r}")
+        self.first_trainable_layer = num_layers - k
+        _freeze_all_but(self.network, list(self.network.encoder.layer[self.first_trainable_layer :]))
+
+    def _tokenize(self, inputs):
+        """Strings or (first, second) pairs -> the tokenizer's batch, padded to max_length."""
+        if len(inputs) and isinstance(inputs[0], (tuple, list)):
+            texts = [list(side) for side in zip(*inputs)]
+        else:
+            texts = [list(inputs)]
+        return self.tokenizer(*texts, padding="max_length", truncation=True, max_length=self.max_length,
+                              return_tensors="pt")
+
+    @staticmethod
+    def _additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+    def _layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int, stop: int | None):
+        mask = self._additive_mask(attention_mask, hidden.dtype)
+        for layer in self.network.encoder.layer[start:stop]:
+            hidden = layer(hidden, attention_mask=mask)
+        return hidden
+
+    def _embed(self, *inputs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def trunk(self, input_ids, attention_mask, *rest) -> tuple[torch.Tensor, ...]:
+        hidden = self._layers(self._embed(input_ids, *rest), attention_mask, 0, self.first_trainable_layer)
+        return hidden, attention_mask.to(hidden.dtype)
+
+    def token_weights(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return attention_mask
+
+    def top(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._pool(self._layers(hidden, attention_mask, self.first_trainable_layer, None), attention_mask)
+
+
+class MiniLML6(TextEncoder):
+    kind = "minilm_l6"
 
     def __init__(self, trainable_blocks: int | str = 2, max_length: int = 32, checkpoint: str | None = None):
         from transformers import AutoTokenizer, BertModel
@@ -426,8 +479,6 @@ class MiniLML6(Backbone):
         if not self.checkpoint_path.is_file():
             raise FileNotFoundError(f"MiniLM weights not found: {self.checkpoint_path}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        # Dropout off: DP-SAM's two gradient queries must see the same function, and Opacus only records
-        # per-sample activations in train mode, so "train mode without dropout" is the clean choice.
         network = BertModel.from_pretrained(
             model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, add_pooling_layer=False
         )
@@ -435,49 +486,18 @@ class MiniLML6(Backbone):
         self.network = network
         self.max_length = int(max_length)
         self.embed_dim = network.config.hidden_size
-        num_layers = len(network.encoder.layer)
-        k = num_layers if trainable_blocks == "all" else int(trainable_blocks)
-        if not 1 <= k <= num_layers:
-            raise ValueError(f"trainable_blocks must be 1..{num_layers} or 'all', got {trainable_blocks!r}")
-        self.first_trainable_layer = num_layers - k
-        _freeze_all_but(network, list(network.encoder.layer[self.first_trainable_layer :]))
+        self._set_trainable_layers(trainable_blocks)
 
     def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
-        if len(inputs) and isinstance(inputs[0], (tuple, list)):
-            first, second = zip(*inputs)
-            batch = self.tokenizer(
-                list(first), list(second), padding="max_length", truncation=True,
-                max_length=self.max_length, return_tensors="pt",
-            )
-        else:
-            batch = self.tokenizer(
-                list(inputs), padding="max_length", truncation=True, max_length=self.max_length,
-                return_tensors="pt",
-            )
+        batch = self._tokenize(inputs)
         return batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
 
-    @staticmethod
-    def _additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
-
-    def trunk(self, input_ids, attention_mask, token_type_ids) -> tuple[torch.Tensor, ...]:
+    def _embed(self, input_ids, token_type_ids) -> torch.Tensor:
         # position ids expanded to the batch: per-sample gradient hooks need a batch dimension everywhere.
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        hidden = self.network.embeddings(
-            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=positions
-        )
-        mask = self._additive_mask(attention_mask, hidden.dtype)
-        for layer in self.network.encoder.layer[: self.first_trainable_layer]:
-            hidden = layer(hidden, attention_mask=mask)
-        return hidden, attention_mask.to(hidden.dtype)
+        return self.network.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=positions)
 
-    def token_weights(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return attention_mask
-
-    def top(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        mask = self._additive_mask(attention_mask, hidden.dtype)
-        for layer in self.network.encoder.layer[self.first_trainable_layer :]:
-            hidden = layer(hidden, attention_mask=mask)
+    def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         weights = attention_mask.unsqueeze(-1)
         return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
