@@ -56,7 +56,6 @@ def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
 
 class OpenCLIPViT(Backbone):
     modality = "vision"
-    head_source = "zeroshot"
 
     def __init__(self, kind: str = "clip_vit_b32", trainable_blocks: int | str = "all", checkpoint: str | None = None,
                  pretrained: str = "openai", model: str | None = None, cache_dir: str | None = None):

@@ -200,6 +200,7 @@ def cmd_make_standins(args) -> None:
 
 
 def cmd_finetune(args) -> None:
+    from dpmerge.backbones import BACKBONES
     from dpmerge.evaluate import load_prepared
     from dpmerge.finetune import FinetuneConfig, finetune
     from dpmerge.methods import parse_label
@@ -231,7 +232,7 @@ def cmd_finetune(args) -> None:
         if head_meta.get("pretrained_sha256") != backbone.checkpoint_sha256 or head_meta.get("task") != prepared["task"]:
             raise SystemExit(f"error: {args.zeroshot_head} is the zero-shot head of {head_meta.get('task')!r} from "
                              "other pretrained weights or another task; rerun zeroshot-head")
-    elif getattr(backbone, "head_source", None) == "zeroshot":
+    elif BACKBONES[spec["kind"]].zeroshot_heads:
         raise SystemExit(f"error: backbone {args.backbone!r} classifies with frozen zero-shot heads: pass "
                          "--zeroshot-head (from 'dpmerge zeroshot-head')")
     result = finetune(
