@@ -456,8 +456,7 @@ def _paper_split(name: str, data_dir: str, workers: int) -> _FullSplit:
         def render(refs, size):
             return LazyInputs(refs, split.render, size, workers)
     else:
-        def render(refs, size):
-            return split.render(refs, size)
+        render = split.render  # text is rendered as it is read: nothing to defer
     return _FullSplit(tuple(split.class_names), split.train_refs, np.asarray(split.train_labels),
                       split.test_refs, np.asarray(split.test_labels), render)
 
