@@ -11,7 +11,7 @@ import torch
 import dpmerge  # noqa: F401 - torchvision shim before open_clip
 from dpmerge import losses
 from dpmerge.backbones import BACKBONES, TaskModel, load_backbone
-from dpmerge.evaluate import score
+from dpmerge.metrics import score
 from dpmerge.finetune import FinetuneConfig, finetune
 from dpmerge.persample import make_clipper
 from dpmerge.standins import TINY_CLIP_NAME, write_tiny_clip, write_tiny_roberta

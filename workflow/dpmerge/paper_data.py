@@ -33,6 +33,8 @@ from typing import Callable, Iterator
 import numpy as np
 from PIL import Image
 
+from dpmerge.metrics import METRICS
+
 __all__ = [
     "VISION_TASKS",
     "GLUE_TASKS",
@@ -48,9 +50,6 @@ __all__ = [
 
 VISION_TASKS: tuple[str, ...] = ("sun397", "cars", "resisc45", "eurosat", "svhn", "gtsrb", "mnist", "dtd")
 GLUE_TASKS: tuple[str, ...] = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")
-
-_METRICS = ("accuracy", "mcc", "f1_accuracy", "spearman")
-
 
 @dataclass(frozen=True)
 class PaperTaskInfo:
@@ -68,8 +67,8 @@ class PaperTaskInfo:
         # A typo in the registry would otherwise surface deep inside a training or evaluation rule.
         if (self.modality, self.input_kind) not in {("vision", "image"), ("text", "single"), ("text", "pair")}:
             raise ValueError(f"task {self.name!r}: modality {self.modality!r} / input_kind {self.input_kind!r}")
-        if self.metric not in _METRICS:
-            raise ValueError(f"task {self.name!r}: metric {self.metric!r} not in {_METRICS}")
+        if self.metric not in METRICS:
+            raise ValueError(f"task {self.name!r}: metric {self.metric!r} not in {METRICS}")
 
 
 _GLUE_LAYOUT = "glue/{}/ as written by datasets.DatasetDict.save_to_disk (dataset_dict.json, {}/, {}/)"

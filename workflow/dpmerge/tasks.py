@@ -58,6 +58,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dpmerge.metrics import METRICS
+
 __all__ = [
     "TaskSpec",
     "TaskData",
@@ -70,7 +72,6 @@ __all__ = [
 
 MODALITIES = ("vision", "text")
 INPUT_KINDS = ("image", "single", "pair")
-METRICS = ("accuracy", "mcc", "f1", "f1_accuracy", "spearman")
 
 
 @dataclass(frozen=True)
