@@ -15,7 +15,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from snakemake.exceptions import WorkflowError
 
+from dpmerge.config_check import ConfigError, check_config
 from dpmerge.merging import OPERATORS
 from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors
 
@@ -368,7 +370,19 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
          "diagnostics.landscape.operator: 'dts_difference' gives one model per task"),
     ],
 )
-def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, message):
+def test_bad_config_is_refused_naming_the_field(change, message):
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    change(config)
+    with pytest.raises((ConfigError, WorkflowError)) as refused:
+        check_config(config)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c.update(epsilons=[-1]), "epsilons"),  # the schema
+    (lambda c: c["merge"].update(ties={"densty": 0.2}), "merge.ties: unknown hyperparameter(s) ['densty']"),
+])
+def test_bad_config_stops_the_workflow_before_any_job(tmp_path, change, message):
     config = yaml.safe_load(yaml.safe_dump(TINY))
     change(config)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
@@ -376,6 +390,12 @@ def test_bad_config_stops_before_any_job_naming_the_field(tmp_path, change, mess
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_the_tiny_config_passes_the_checks_and_gets_the_schema_defaults():
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    check_config(config)
+    assert config["checkpoint_every"] == 10 and config["finetune"]["clip_norm"] > 0
 
 
 def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_path):
@@ -386,15 +406,14 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     config["backbones"]["effnet"]["finetune"]["by_method"] = {"nonprivate": {"lr": 0.0003}}
     config["merge"]["ties_difference"] = {"operator": "ties", "vectors": "difference", "density": 0.3}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    result = snakemake(tmp_path, "-n", "--quiet", "rules")
-    assert result.returncode == 0, result.stderr[-2000:]
-    jobs = planned_jobs(result.stdout + result.stderr)
+    listing = snakemake(tmp_path, "-n", "--printshellcmds")  # one dry run: each job's command, then the counts
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    jobs = planned_jobs(listing.stdout + listing.stderr)
     tasks = 4
     # nonprivate runs once per task (epsinf); the four private methods once per task and epsilon
     assert jobs["finetune"] == tasks * (1 + 4 * 2)
     assert jobs["merge"] == 2 * (1 + 4 * 2) * len(config["merge"])  # backbones x release groups x merges
     assert jobs["table1"] == 2 * 2  # per backbone and private epsilon
-    listing = snakemake(tmp_path, "-n", "--printshellcmds")
     assert "taskvectors/effnet/epsinf/nonprivate/s0/digits.safetensors" in listing.stdout
     assert "--method nonprivate  --seed 0" in listing.stdout  # no --epsilon for the non-private reference
     assert ("dpmerge merge --method ties --vectors difference --name ties_difference --param density=0.3 "
@@ -421,9 +440,9 @@ def test_schema_lists_exactly_the_registered_operators():
 
 def test_sweeps_add_only_the_release_groups_and_merges_their_tables_need(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
-    result = snakemake(tmp_path, "-n", "--quiet", "rules")
-    assert result.returncode == 0, result.stderr[-2000:]
-    jobs = planned_jobs(result.stdout + result.stderr)
+    listing = snakemake(tmp_path, "-n", "--printshellcmds")
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    jobs = planned_jobs(listing.stdout + listing.stderr)
     main_groups, merges = 2 * 2, len(TINY["merge"])  # backbones x methods at epsilon 4
     # effnet at epsilon 8 (2 methods, TIES + the curvature diagnostic's weight averaging, curvature and
     # linearity) and at rho 0.2 (DP-Merging, TIES only, no curvature)
@@ -436,5 +455,4 @@ def test_sweeps_add_only_the_release_groups_and_merges_their_tables_need(tmp_pat
     assert jobs["landscape"] == 2 * 2  # both backbones, both methods, first seed
     assert {k: jobs.get(k, 0) for k in ("table1", "table4", "table5", "table6", "table7", "table8")} == {
         "table1": 2, "table4": 1, "table5": 0, "table6": 1, "table7": 0, "table8": 2}
-    listing = snakemake(tmp_path, "-n", "--printshellcmds")
     assert "--method dp_merging-rho0.2 --epsilon 4.0 --seed 0" in listing.stdout

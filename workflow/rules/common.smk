@@ -4,9 +4,11 @@ import os
 import shlex
 import sys
 
-from snakemake.utils import validate
+from dpmerge.config_check import check_config, eps_label, merge_hyperparameters as _merge_hyperparameters
+from dpmerge.config_check import merge_operator as _merge_operator
 
-validate(config, schema="../schemas/config.schema.yaml")
+# The schema (with its defaults filled in) and every check it cannot express, before any job: dpmerge/config_check.py
+check_config(config)
 
 from dpmerge.backbones import BACKBONES
 from dpmerge.methods import METHODS, SWEPT_PARAMETERS, parse_label, sweep_label
@@ -25,123 +27,12 @@ def result(path):
     return f"{RESULTS}/{path}"
 
 
-def _config_error(message):
-    raise ValueError(f"config error: {message}")
-
-
-for _name, _backbone in config["backbones"].items():
-    _modality = BACKBONES[_backbone["kind"]].modality
-    _unused = [key for key in ("model", "pretrained", "cache_dir")
-               if key in _backbone and key not in BACKBONES[_backbone["kind"]].options]
-    if _unused:
-        _config_error(f"backbones.{_name}.{_unused[0]}: not an option of kind {_backbone['kind']!r} (its options: "
-                      f"{', '.join(BACKBONES[_backbone['kind']].options)})")
-    if _backbone["kind"] == "open_clip" and "model" not in _backbone:
-        _config_error(f"backbones.{_name}.model: kind open_clip needs an open_clip model name or config JSON")
-    for _task in _backbone["tasks"]:
-        if _task not in TASKS:
-            _config_error(f"backbones.{_name}.tasks: unknown task {_task!r}; known tasks: {', '.join(sorted(TASKS))}")
-        if TASKS[_task].needs_data_dir and not config["data"].get("dir"):
-            _config_error(f"backbones.{_name}.tasks: {_task!r} is read from a data directory; set data.dir "
-                          "(`dpmerge prepare-data --help` writes the expected layout)")
-        if TASKS[_task].modality != _modality:
-            _config_error(
-                f"backbones.{_name}.tasks: {_task!r} is a {TASKS[_task].modality} task, "
-                f"but {_backbone['kind']!r} is a {_modality} backbone"
-            )
-_MERGE_META_KEYS = ("operator", "vectors", "statistics")
-
-
 def merge_operator(name):
-    return config["merge"][name].get("operator", name)
+    return _merge_operator(config, name)
 
 
 def merge_hyperparameters(name):
-    return {k: v for k, v in config["merge"][name].items() if k not in _MERGE_META_KEYS}
-
-
-for _name in config["merge"]:
-    if merge_operator(_name) not in OPERATORS:
-        _config_error(
-            f"merge.{_name}: no operator named {merge_operator(_name)!r}; give `operator:` one of "
-            f"{', '.join(OPERATORS)}"
-        )
-    _statistics = config["merge"][_name].get("statistics")
-    if merge_operator(_name) in NEEDS_STATISTICS:
-        if _statistics is None:
-            _config_error(
-                f"merge.{_name}: {merge_operator(_name)} needs data statistics; add statistics: "
-                "{data: public} (examples held out of private training, see data.public_examples) or "
-                "{data: private, clip_norm: C, epsilon: E} (privatized, composed with each task's budget)"
-            )
-        if _statistics["data"] == "public" and not config["data"]["public_examples"]:
-            _config_error(f"merge.{_name}.statistics.data: public needs data.public_examples > 0")
-        if _statistics["data"] == "private" and not {"clip_norm", "epsilon"} <= set(_statistics):
-            _config_error(f"merge.{_name}.statistics: data: private needs clip_norm and epsilon")
-    elif _statistics is not None:
-        _config_error(f"merge.{_name}.statistics: {merge_operator(_name)} uses no data statistics")
-    _defaults = OPERATORS[merge_operator(_name)].defaults
-    _unknown = set(merge_hyperparameters(_name)) - set(_defaults)
-    if _unknown:
-        _config_error(
-            f"merge.{_name}: unknown hyperparameter(s) {sorted(_unknown)} for operator "
-            f"{merge_operator(_name)!r}; allowed: {', '.join(_defaults) or 'none'}"
-        )
-def _finetune_settings_schema():
-    """The schema of one level of finetune settings: the global finetune properties without by_method."""
-    import yaml
-
-    with open(os.path.join(workflow.current_basedir, "../schemas/config.schema.yaml")) as handle:
-        properties = dict(yaml.safe_load(handle)["properties"]["finetune"]["properties"])
-    properties.pop("by_method")
-    return {"type": "object", "additionalProperties": False, "properties": properties}
-
-
-_FINETUNE_SETTINGS_SCHEMA = _finetune_settings_schema()
-
-
-def _check_finetune_overrides(where, overrides):
-    import jsonschema
-
-    try:
-        jsonschema.validate(overrides, _FINETUNE_SETTINGS_SCHEMA)
-    except jsonschema.ValidationError as error:
-        field = ".".join(str(p) for p in error.absolute_path)
-        _config_error(f"{where}{'.' + field if field else ''}: {error.message}")
-
-
-for _method, _overrides in config["finetune"]["by_method"].items():
-    _check_finetune_overrides(f"finetune.by_method.{_method}", _overrides)
-for _name, _backbone in config["backbones"].items():
-    _entry = dict(_backbone.get("finetune", {}))
-    _by_method = _entry.pop("by_method", {})
-    _check_finetune_overrides(f"backbones.{_name}.finetune", _entry)
-    for _method, _overrides in _by_method.items():
-        if _method not in METHODS:
-            _config_error(f"backbones.{_name}.finetune.by_method: unknown method {_method!r}; known: {', '.join(METHODS)}")
-        _check_finetune_overrides(f"backbones.{_name}.finetune.by_method.{_method}", _overrides)
-for _diagnostic in ("interpolation", "curvature", "landscape"):
-    _target = config["diagnostics"][_diagnostic]["operator"]
-    if _target not in config["merge"]:
-        _config_error(
-            f"diagnostics.{_diagnostic}.operator: {_target!r} is not among the configured merge operators "
-            f"({', '.join(config['merge'])})"
-        )
-    if OPERATORS[merge_operator(_target)].parts_layout is not None:
-        _config_error(
-            f"diagnostics.{_diagnostic}.operator: {_target!r} gives one model per task, not one merged model"
-        )
-if config["diagnostics"]["curvature"]["gammas"][0] != 0:
-    _config_error("diagnostics.curvature.gammas: the first point must be 0 (the task model itself)")
-for _name in config["merge"]:
-    if OPERATORS[merge_operator(_name)].task_vectors_only and config["merge"][_name].get("vectors") == "difference":
-        _config_error(f"merge.{_name}.vectors: {merge_operator(_name)} is defined on task vectors only")
-
-
-def eps_label(epsilon):
-    """One canonical spelling per epsilon: 4 and 4.0 are both 'eps4'."""
-    value = float(epsilon)
-    return f"eps{int(value)}" if value.is_integer() else f"eps{value:g}"
+    return _merge_hyperparameters(config, name)
 
 
 def eps_value(label):
@@ -305,22 +196,6 @@ TABLE_EXTENSIONS = (".parquet", ".md", ".tex", ".html")
 FIGURE_EXTENSIONS = (".png", ".pdf")
 SWEEPS = config["sweeps"]
 TABLE_OPERATOR = config["tables"]["operator"]
-
-
-if TABLE_OPERATOR not in config["merge"]:
-    _config_error(f"tables.operator: {TABLE_OPERATOR!r} is not among the configured merges ({', '.join(config['merge'])})")
-for _parameter, _sweep in SWEEPS.items():
-    for _name in _sweep.get("operators", []):
-        if _name not in config["merge"]:
-            _config_error(f"sweeps.{_parameter}.operators: {_name!r} is not among the configured merges "
-                          f"({', '.join(config['merge'])})")
-    for _backbone in _sweep.get("backbones", []):
-        if _backbone not in config["backbones"]:
-            _config_error(f"sweeps.{_parameter}.backbones: unknown backbone {_backbone!r}; configured: "
-                          f"{', '.join(config['backbones'])}")
-    if _parameter in SENSITIVITY_LABELS and "epsilon" in _sweep and eps_label(_sweep["epsilon"]) not in PRIVATE_EPS:
-        _config_error(f"sweeps.{_parameter}.epsilon: {_sweep['epsilon']} is not one of epsilons "
-                      f"{config['epsilons']} (the table compares against the main grid's run at that budget)")
 
 
 def release_grid():

@@ -1,0 +1,164 @@
+"""Every check of an experiment config, made before any job runs (workflow/rules/common.smk calls `check_config`).
+
+A bad config stops the workflow with one message that names the field and what was expected. The checks live
+here, not in the Snakefile, so the tests can try each bad config in-process instead of starting Snakemake.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from .backbones import BACKBONES
+from .merging import NEEDS_STATISTICS, OPERATORS
+from .methods import METHODS, SWEPT_PARAMETERS
+from .tasks import TASKS
+
+SCHEMA = Path(__file__).resolve().parents[1] / "schemas/config.schema.yaml"
+MERGE_META_KEYS = ("operator", "vectors", "statistics")
+
+
+class ConfigError(ValueError):
+    def __init__(self, message: str):
+        super().__init__(f"config error: {message}")
+
+
+def eps_label(epsilon) -> str:
+    """One canonical spelling per epsilon: 4 and 4.0 are both 'eps4'."""
+    value = float(epsilon)
+    return f"eps{int(value)}" if value.is_integer() else f"eps{value:g}"
+
+
+def merge_operator(config: dict, name: str) -> str:
+    return config["merge"][name].get("operator", name)
+
+
+def merge_hyperparameters(config: dict, name: str) -> dict:
+    return {k: v for k, v in config["merge"][name].items() if k not in MERGE_META_KEYS}
+
+
+def check_config(config: dict) -> None:
+    """Validate against the schema (filling in its defaults, in place), then the checks a schema cannot express.
+    Raises ConfigError, or snakemake's WorkflowError for a schema violation."""
+    from snakemake.utils import validate
+
+    validate(config, schema=str(SCHEMA))
+    _check_backbones(config)
+    _check_merges(config)
+    _check_finetune_overrides(config)
+    _check_diagnostics(config)
+    _check_tables_and_sweeps(config)
+
+
+def _check_backbones(config):
+    for name, backbone in config["backbones"].items():
+        modality = BACKBONES[backbone["kind"]].modality
+        unused = [key for key in ("model", "pretrained", "cache_dir")
+                  if key in backbone and key not in BACKBONES[backbone["kind"]].options]
+        if unused:
+            raise ConfigError(f"backbones.{name}.{unused[0]}: not an option of kind {backbone['kind']!r} (its "
+                              f"options: {', '.join(BACKBONES[backbone['kind']].options)})")
+        if backbone["kind"] == "open_clip" and "model" not in backbone:
+            raise ConfigError(f"backbones.{name}.model: kind open_clip needs an open_clip model name or config JSON")
+        for task in backbone["tasks"]:
+            if task not in TASKS:
+                raise ConfigError(f"backbones.{name}.tasks: unknown task {task!r}; known tasks: {', '.join(sorted(TASKS))}")
+            if TASKS[task].needs_data_dir and not config["data"].get("dir"):
+                raise ConfigError(f"backbones.{name}.tasks: {task!r} is read from a data directory; set data.dir "
+                                  "(`dpmerge prepare-data --help` writes the expected layout)")
+            if TASKS[task].modality != modality:
+                raise ConfigError(f"backbones.{name}.tasks: {task!r} is a {TASKS[task].modality} task, "
+                                  f"but {backbone['kind']!r} is a {modality} backbone")
+
+
+def _check_merges(config):
+    for name in config["merge"]:
+        operator = merge_operator(config, name)
+        if operator not in OPERATORS:
+            raise ConfigError(f"merge.{name}: no operator named {operator!r}; give `operator:` one of "
+                              f"{', '.join(OPERATORS)}")
+        statistics = config["merge"][name].get("statistics")
+        if operator in NEEDS_STATISTICS:
+            if statistics is None:
+                raise ConfigError(
+                    f"merge.{name}: {operator} needs data statistics; add statistics: "
+                    "{data: public} (examples held out of private training, see data.public_examples) or "
+                    "{data: private, clip_norm: C, epsilon: E} (privatized, composed with each task's budget)")
+            if statistics["data"] == "public" and not config["data"]["public_examples"]:
+                raise ConfigError(f"merge.{name}.statistics.data: public needs data.public_examples > 0")
+            if statistics["data"] == "private" and not {"clip_norm", "epsilon"} <= set(statistics):
+                raise ConfigError(f"merge.{name}.statistics: data: private needs clip_norm and epsilon")
+        elif statistics is not None:
+            raise ConfigError(f"merge.{name}.statistics: {operator} uses no data statistics")
+        defaults = OPERATORS[operator].defaults
+        unknown = set(merge_hyperparameters(config, name)) - set(defaults)
+        if unknown:
+            raise ConfigError(f"merge.{name}: unknown hyperparameter(s) {sorted(unknown)} for operator "
+                              f"{operator!r}; allowed: {', '.join(defaults) or 'none'}")
+        if OPERATORS[operator].task_vectors_only and config["merge"][name].get("vectors") == "difference":
+            raise ConfigError(f"merge.{name}.vectors: {operator} is defined on task vectors only")
+
+
+def _finetune_settings_schema():
+    """The schema of one level of finetune settings: the global finetune properties without by_method."""
+    properties = dict(yaml.safe_load(SCHEMA.read_text())["properties"]["finetune"]["properties"])
+    properties.pop("by_method")
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def _check_overrides(where, overrides, schema):
+    try:
+        jsonschema.validate(overrides, schema)
+    except jsonschema.ValidationError as error:
+        field = ".".join(str(p) for p in error.absolute_path)
+        raise ConfigError(f"{where}{'.' + field if field else ''}: {error.message}") from None
+
+
+def _check_finetune_overrides(config):
+    schema = _finetune_settings_schema()
+    for method, overrides in config["finetune"]["by_method"].items():
+        _check_overrides(f"finetune.by_method.{method}", overrides, schema)
+    for name, backbone in config["backbones"].items():
+        entry = dict(backbone.get("finetune", {}))
+        by_method = entry.pop("by_method", {})
+        _check_overrides(f"backbones.{name}.finetune", entry, schema)
+        for method, overrides in by_method.items():
+            if method not in METHODS:
+                raise ConfigError(f"backbones.{name}.finetune.by_method: unknown method {method!r}; known: "
+                                  f"{', '.join(METHODS)}")
+            _check_overrides(f"backbones.{name}.finetune.by_method.{method}", overrides, schema)
+
+
+def _check_diagnostics(config):
+    for diagnostic in ("interpolation", "curvature", "landscape"):
+        target = config["diagnostics"][diagnostic]["operator"]
+        if target not in config["merge"]:
+            raise ConfigError(f"diagnostics.{diagnostic}.operator: {target!r} is not among the configured merge "
+                              f"operators ({', '.join(config['merge'])})")
+        if OPERATORS[merge_operator(config, target)].parts_layout is not None:
+            raise ConfigError(f"diagnostics.{diagnostic}.operator: {target!r} gives one model per task, not one "
+                              "merged model")
+    if config["diagnostics"]["curvature"]["gammas"][0] != 0:
+        raise ConfigError("diagnostics.curvature.gammas: the first point must be 0 (the task model itself)")
+
+
+def _check_tables_and_sweeps(config):
+    merges = ", ".join(config["merge"])
+    if config["tables"]["operator"] not in config["merge"]:
+        raise ConfigError(f"tables.operator: {config['tables']['operator']!r} is not among the configured merges "
+                          f"({merges})")
+    private_eps = [eps_label(e) for e in config["epsilons"]]
+    for parameter, sweep in config["sweeps"].items():
+        for name in sweep.get("operators", []):
+            if name not in config["merge"]:
+                raise ConfigError(f"sweeps.{parameter}.operators: {name!r} is not among the configured merges "
+                                  f"({merges})")
+        for backbone in sweep.get("backbones", []):
+            if backbone not in config["backbones"]:
+                raise ConfigError(f"sweeps.{parameter}.backbones: unknown backbone {backbone!r}; configured: "
+                                  f"{', '.join(config['backbones'])}")
+        if parameter in SWEPT_PARAMETERS and "epsilon" in sweep and eps_label(sweep["epsilon"]) not in private_eps:
+            raise ConfigError(f"sweeps.{parameter}.epsilon: {sweep['epsilon']} is not one of epsilons "
+                              f"{config['epsilons']} (the table compares against the main grid's run at that budget)")
