@@ -29,7 +29,8 @@ dry-run: install
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
 
 test: install
-	$(BIN)/python -m pytest -q tests
+	# -rs: a skipped test says why (e.g. the real-Slurm test where apt-get is unavailable)
+	$(BIN)/python -m pytest -q -rs tests
 
 clean:
 	rm -rf results results_standin standins .snakemake

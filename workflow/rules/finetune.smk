@@ -95,7 +95,7 @@ rule finetune:
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
         "--hparams {params.hparams:q} --threads {threads} "
-        "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} > {log} 2>&1"
+        "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} --checkpoint-every {config[checkpoint_every]} > {log} 2>&1"
 
 
 rule privacy_ledger:

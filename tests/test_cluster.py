@@ -1,0 +1,161 @@
+"""Nothing finished is lost, on a workstation and on a real Slurm cluster.
+
+One small config (EfficientNet, two tasks, DP-Merging, two merges, Table 1, the ledger) runs three times:
+uninterrupted under profiles/local (the reference); under profiles/local with Snakemake stopped by SIGTERM in the
+middle of the fine-tunes and then started again; and through profiles/slurm on a real single-node Slurm
+(tests/slurm_node.py) with one fine-tune's job scancelled mid-way, which the profile's retries resubmit. Both
+interrupted runs must resume from the checkpoint and end bit-identical to the reference: the same task vectors,
+the same privacy records, the same merges, scores and tables.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+import slurm_node
+from dpmerge.taskvectors import load_tensors
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
+
+# 160 DP-Merging steps per task (about 10 s here) with a checkpoint every 2: a kill after the first checkpoint
+# lands mid-way
+CONFIG = {
+    "results": "results",
+    "seeds": [0],
+    "epsilons": [4],
+    "methods": ["dp_merging"],
+    "checkpoint_every": 2,
+    "backbones": {"effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
+                             "tasks": ["digits", "textures"], "resources": {"mem_mb": 1500, "runtime": "30m"}}},
+    "data": {"max_train": 320, "max_test": 24},
+    "finetune": {"epochs": 4.0, "batch_size": 8, "lr": 0.002},
+    "merge": {"weight_averaging": {}, "ties": {"density": 0.2}},
+    # not run here (not among the targets), but each must name a configured merge
+    "diagnostics": {name: {"operator": "weight_averaging"} for name in ("interpolation", "curvature", "landscape")},
+}
+TARGETS = ["results/tables/table1_effnet_eps4.parquet", "results/privacy/ledger.parquet"]
+CHECKPOINTS = "results/checkpoints/effnet/eps4/dp_merging/s0"
+FINETUNE_LOGS = "results/logs/finetune/effnet/eps4/dp_merging/s0"
+
+
+def start_snakemake(workdir: Path, *args, targets=TARGETS, env=None) -> subprocess.Popen:
+    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow"), **(env or {})}
+    return subprocess.Popen([*SNAKEMAKE, "--directory", str(workdir), *args, *targets], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = 1200) -> str:
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, output[-5000:]
+    return output
+
+
+def wait_for_checkpoint(workdir: Path, process: subprocess.Popen, timeout: float = 600) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted((workdir / CHECKPOINTS).glob("*.pt"))
+        if found:
+            return found[0]
+        if process.poll() is not None:
+            pytest.fail("the run ended before any fine-tune checkpointed:\n" + process.stdout.read()[-5000:])
+        time.sleep(0.05)
+    process.kill()
+    pytest.fail(f"no checkpoint under {CHECKPOINTS} within {timeout} s")
+
+
+def local_profile(*extra):
+    return ("--workflow-profile", str(ROOT / "profiles/local"), "--cores", "2", *extra)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    finish(start_snakemake(workdir, *local_profile()))
+    return workdir
+
+
+def assert_same_results(actual: Path, expected: Path, released: int, tables: int):
+    """The `actual` run's safetensors and Parquet files (`released` and `tables` of them) are identical to the
+    reference's: tensors, metadata (the privacy record) and frames."""
+    files = {suffix: sorted(p.relative_to(actual) for p in (actual / "results").rglob(f"*{suffix}"))
+             for suffix in (".safetensors", ".parquet")}
+    assert (len(files[".safetensors"]), len(files[".parquet"])) == (released, tables), files
+    for path in files[".safetensors"]:
+        want, want_meta = load_tensors(expected / path)
+        got, got_meta = load_tensors(actual / path)
+        assert got_meta == want_meta, path
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), path
+    for path in files[".parquet"]:
+        pd.testing.assert_frame_equal(pd.read_parquet(actual / path), pd.read_parquet(expected / path), obj=str(path))
+
+
+def resumed_tasks(workdir: Path) -> list[str]:
+    return sorted(log.stem for log in (workdir / FINETUNE_LOGS).glob("*.log") if "resumed from" in log.read_text())
+
+
+def test_fine_tune_killed_by_sigterm_resumes_on_the_next_run(reference_run, tmp_path):
+    vectors = [f"results/taskvectors/effnet/eps4/dp_merging/s0/{task}.safetensors" for task in ("digits", "textures")]
+    victim = start_snakemake(tmp_path, *local_profile(), targets=vectors)
+    checkpoint = wait_for_checkpoint(tmp_path, victim)
+    # SIGTERM to Snakemake alone makes it finish its running jobs first (nothing to resume); a machine shutting
+    # down or a terminal closing signals the whole process group, the fine-tune included
+    os.killpg(victim.pid, signal.SIGTERM)
+    output, _ = victim.communicate(timeout=120)
+    assert victim.returncode != 0, output[-3000:]
+    # the fine-tune left its checkpoint and released nothing
+    assert checkpoint.exists()
+    task = checkpoint.stem
+    assert not (tmp_path / f"results/taskvectors/effnet/eps4/dp_merging/s0/{task}.safetensors").exists()
+
+    finish(start_snakemake(tmp_path, *local_profile(), targets=vectors))
+    assert task in resumed_tasks(tmp_path)
+    assert not list((tmp_path / CHECKPOINTS).glob("*.pt"))  # removed once released
+    assert_same_results(tmp_path, reference_run, released=4, tables=0)  # 2 task vectors, 2 heads
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    try:
+        slurm_node.install()
+        node = slurm_node.SlurmNode(tmp_path_factory.mktemp("slurm")).start()
+    except slurm_node.Unavailable as why:
+        pytest.skip(f"no real Slurm here: {why}")
+    yield node
+    node.stop()
+
+
+def test_slurm_profile_run_with_a_cancelled_fine_tune_matches_the_local_run(reference_run, slurm, tmp_path):
+    run = start_snakemake(
+        tmp_path, "--workflow-profile", str(ROOT / "profiles/slurm"),
+        # no accounting database on this cluster: poll with squeue (the plugin would wait on sacct forever)
+        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
+        "--seconds-between-status-checks", "5",
+        env={"DPMERGE_SLURM_PARTITION": "debug", "DPMERGE_SLURM_ACCOUNT": ""})
+    task = wait_for_checkpoint(tmp_path, run).stem
+    # what preemption looks like: the scheduler ends the job; Snakemake's retry (profile: retries) resubmits it
+    victims = [job for job in slurm.jobs() if job["comment"].startswith("rule_finetune_")
+               and job["comment"].endswith(f"_{task}") and job["state"] == "RUNNING"]
+    assert len(victims) == 1, slurm.jobs()
+    subprocess.run(["scancel", victims[0]["id"]], check=True)
+    output = finish(run)
+
+    jobs = slurm.jobs()
+    attempts = [job for job in jobs if job["comment"] == victims[0]["comment"]]
+    assert [job["state"] for job in attempts if job["id"] == victims[0]["id"]] == ["CANCELLED"], jobs
+    assert [job["state"] for job in attempts if job["id"] != victims[0]["id"]] == ["COMPLETED"], jobs
+    # every rule ran as its own sbatch job: pretrained, 2 prepares, 2 fine-tunes (+1 retry), 2 merges,
+    # 2 merged and 1 individual evaluation, Table 1, the ledger
+    assert len(jobs) == 13 and all(job["state"] in ("COMPLETED", "CANCELLED") for job in jobs), jobs
+    assert task in resumed_tasks(tmp_path), output[-3000:]
+    # 2 task vectors, 2 heads, 2 merges, the pretrained weights; 3 score files, Table 1, the ledger's 2 tables
+    assert_same_results(tmp_path, reference_run, released=7, tables=6)
