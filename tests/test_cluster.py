@@ -1,8 +1,8 @@
 """Nothing finished is lost, on a workstation and on a real Slurm cluster.
 
 One small config (EfficientNet, two tasks, DP-Merging, two merges, Table 1, the ledger) runs three times:
-uninterrupted under profiles/local (the reference); under profiles/local with Snakemake stopped by SIGTERM in the
-middle of the fine-tunes and then started again; and through profiles/slurm on a real single-node Slurm
+uninterrupted under profiles/local (the reference); under profiles/local with SIGTERM sent to Snakemake's process
+group (Snakemake and the running fine-tunes) in the middle of the fine-tunes, then started again; and through profiles/slurm on a real single-node Slurm
 (tests/slurm_node.py) with one fine-tune's job scancelled mid-way, which the profile's retries resubmit. Both
 interrupted runs must resume from the checkpoint and end bit-identical to the reference: the same task vectors,
 the same privacy records, the same merges, scores and tables.
@@ -73,8 +73,8 @@ def wait_for_checkpoint(workdir: Path, process: subprocess.Popen, timeout: float
     pytest.fail(f"no checkpoint under {CHECKPOINTS} within {timeout} s")
 
 
-def local_profile(*extra):
-    return ("--workflow-profile", str(ROOT / "profiles/local"), "--cores", "2", *extra)
+def local_profile():
+    return ("--workflow-profile", str(ROOT / "profiles/local"), "--cores", "2")
 
 
 @pytest.fixture(scope="module")
