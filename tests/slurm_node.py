@@ -160,9 +160,9 @@ class SlurmNode:
     def start(self) -> "SlurmNode":
         for folder in ("state", "spool"):
             (self.state / folder).mkdir(parents=True, exist_ok=True)
-        self._write_config()
-        self._start_munge()
         try:
+            self._write_config()
+            self._start_munge()
             _run(_program("slurmctld"), "-c")  # -c: a clean start, no jobs from an earlier cluster
             self.started.append(("slurmctld", self.state / "slurmctld.pid"))
             _wait_for(lambda: _run("sinfo", "-h", check=False).returncode == 0, 60, "slurmctld",
