@@ -12,8 +12,7 @@ check_config(config)
 
 from dpmerge.backbones import BACKBONES
 from dpmerge.methods import METHODS, SWEPT_PARAMETERS, parse_label, sweep_label
-from dpmerge.merging import NEEDS_STATISTICS, OPERATORS
-from dpmerge.tasks import TASKS
+from dpmerge.merging import NEEDS_STATISTICS
 
 RESULTS = config["results"]
 
