@@ -11,7 +11,6 @@ the same privacy records, the same merges, scores and tables.
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +21,8 @@ import yaml
 
 import slurm_node
 from dpmerge.taskvectors import load_tensors
+from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
 
 # 160 DP-Merging steps per task (about 10 s here) with a checkpoint every 2: a kill after the first checkpoint
 # lands mid-way
@@ -49,7 +47,7 @@ FINETUNE_LOGS = "results/logs/finetune/effnet/eps4/dp_merging/s0"
 
 def start_snakemake(workdir: Path, *args, targets=TARGETS, env=None) -> subprocess.Popen:
     (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow"), **(env or {})}
+    env = snakemake_env(**(env or {}))
     return subprocess.Popen([*SNAKEMAKE, "--directory", str(workdir), *args, *targets], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
 

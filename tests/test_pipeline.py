@@ -3,12 +3,10 @@ hyperparameter, an added budget or task, an edited table command rerun exactly w
 errors stop before any job."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,9 +18,8 @@ from snakemake.exceptions import WorkflowError
 from dpmerge.config_check import ConfigError, check_config
 from dpmerge.merging import OPERATORS
 from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors
+from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
 
 TINY = {
     "results": "results",
@@ -52,7 +49,7 @@ TINY = {
 
 
 def snakemake(workdir, *args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow")}
+    env = snakemake_env()
     return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args],
                           capture_output=True, text=True, env=env)
 
@@ -213,7 +210,6 @@ def test_paper_tables_figures_and_report(finished_run):
     assert np.isfinite(linearity["delta"]).all()
     landscape = pd.read_parquet(results / "diagnostics/landscape/effnet/eps4/dp_merging/s0.parquet")
     centre = landscape.query("a == 0 and b == 0").set_index("task")["loss"]
-    merged_scores = pd.read_parquet(results / "scores/merged/effnet/eps4/dp_merging/s0/weight_averaging.parquet")
     assert len(landscape.query("task == 'mean'")) == 9 and set(centre.index) == {"digits", "textures", "mean"}
     assert centre["mean"] == pytest.approx((centre["digits"] + centre["textures"]) / 2)
     for figure in ("sharpness_drift_effnet", "gap_vs_bound_minilm", "landscape_effnet_eps4", "interpolation_effnet_eps4"):
@@ -318,7 +314,7 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
     assert text.count('"dpmerge table --kind multitask') == 1
     # the same command spelled differently: a code change that changes no result
     rules.write_text(text.replace('"dpmerge table --kind multitask', '"dpmerge table --kind=multitask'))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "workflow")}
+    env = snakemake_env()
     result = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"),
                              "--directory", str(finished_run), "--cores", "2", "-n", "--rerun-triggers", "code"],
                             capture_output=True, text=True, env=env)

@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile")]
+from workflow_runs import ROOT, SNAKEMAKE
+
 DPMERGE = [sys.executable, "-m", "dpmerge.cli"]
 
 
