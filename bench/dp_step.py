@@ -8,8 +8,10 @@ whole: ViT-B/32 (224 px, 88M parameters) and RoBERTa-base (128 tokens, 125M para
 
 For each model, every repeat runs, interleaved: a non-private AdamW step; a naive_dp step (Eq. 4) with each
 per-example gradient strategy (persample.py: functorch, hooks, bookkeeping; plus Opacus's two-backward ghost
-clipping for comparison); and a dp_merging step (Eq. 4-7, two queries) with the backbone's chosen strategy.
-It prints median seconds and the ratios naive_dp/nonprivate per strategy and dp_merging/naive_dp.
+clipping for comparison); and, with the backbone's chosen strategy, a dp_merging step (Eq. 4-7, two queries)
+and a naive_dp step whose noise comes from privacy.rng: secure (SHAKE-256, four Gaussian draws per coordinate)
+instead of the keyed torch generator. It prints median seconds and the ratios naive_dp/nonprivate per strategy,
+dp_merging/naive_dp and secure/keyed.
 Targets (issue 3): naive_dp <= 1.5x non-private with the chosen strategy, dp_merging <= 2.1x naive_dp.
 """
 
@@ -27,7 +29,10 @@ import dpmerge  # noqa: F401
 from dpmerge.backbones import Backbone, TaskModel, load_backbone
 from dpmerge.finetune import METHODS, method_update, privatized_gradient
 from dpmerge.persample import clip_factors, make_clipper
+from dpmerge.randomness import MechanismRandomness
 from dpmerge.reference_shapes import roberta_base_shaped, vit_b32_shaped
+
+BENCH_KEY = bytes(32)  # timing only: nothing trained here is released
 
 
 class OpacusGhostClipper:
@@ -118,16 +123,22 @@ def main() -> None:
         # each block interleaves its private steps with non-private ones and its ratios use that block's base.
         print(f"\n{name}: {sum(p.numel() for p in params) / 1e6:.1f}M trainable parameters; "
               f"chosen strategy: {chosen}")
+        keyed = MechanismRandomness(BENCH_KEY, {"bench": name}, "keyed").stream("gaussian_noise")
+        secure = MechanismRandomness(BENCH_KEY, {"bench": name}, "secure").stream("gaussian_noise")
         for strategy in dict.fromkeys([chosen, *args.strategies]):
             clipper = OpacusGhostClipper(model) if strategy == "opacus_ghost" else make_clipper(model, strategy)
 
-            def private(f, y, clipper=clipper):
+            def private(f, y, clipper=clipper, noise=keyed):
                 return privatized_gradient(clipper, f, y, clip_norm=0.2, noise_multiplier=1.0,
-                                           expected_batch_size=args.batch_size, generator=generator)
+                                           expected_batch_size=args.batch_size, noise=noise)
+
+            def private_secure(f, y, clipper=clipper):
+                return private(f, y, clipper, secure)
 
             runs = {"nonprivate": ("nonprivate", nonprivate), "naive_dp": ("naive_dp", private)}
             if strategy == chosen:
                 runs["dp_merging"] = ("dp_merging", private)
+                runs["naive_dp_secure"] = ("naive_dp", private_secure)
             times = {label: [] for label in runs}
             for repeat in range(args.repeats + 1):
                 for label, (method, query) in runs.items():
@@ -146,7 +157,9 @@ def main() -> None:
                     f"naive_dp/nonprivate {med['naive_dp'] / med['nonprivate']:5.2f}")
             if "dp_merging" in med:
                 line += (f"  dp_merging {med['dp_merging']:7.3f}s  "
-                         f"dp_merging/naive_dp {med['dp_merging'] / med['naive_dp']:5.2f}")
+                         f"dp_merging/naive_dp {med['dp_merging'] / med['naive_dp']:5.2f}  "
+                         f"secure {med['naive_dp_secure']:7.3f}s  "
+                         f"secure/keyed {med['naive_dp_secure'] / med['naive_dp']:5.2f}")
             print(line, flush=True)
         del model, params, anchors, optimizer, features
         gc.collect()

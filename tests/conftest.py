@@ -58,6 +58,15 @@ class ToyBackbone(Backbone):
         return self.network(x)
 
 
+# A fixed study key keeps these tests reproducible; a real study's key comes from the OS's CSPRNG and is secret.
+TEST_STUDY_KEY = bytes(range(32))
+
+
+def keyed(identity=None, study_key=TEST_STUDY_KEY, **names):
+    """finetune()'s randomness arguments for a test: the test key and an identity (backbone, task, method)."""
+    return {"study_key": study_key, "identity": identity or {"backbone": "toy", "task": "toy", **names}}
+
+
 @pytest.fixture
 def toy_backbone(tmp_path):
     return ToyBackbone(tmp_path / "toy.bin")

@@ -34,7 +34,8 @@ def test_every_command_has_help(capsys):
 ])
 def test_finetune_refuses_a_sweep_label_its_settings_contradict(tmp_path, label, hparams, message):
     result = run_cli("finetune", "--backbone", "x", "--backbone-spec", "{}", "--data", str(tmp_path / "none.pt"),
-                     "--method", label, "--hparams", hparams, "--out-vector", str(tmp_path / "v"),
+                     "--method", label, "--hparams", hparams, "--study-key", str(tmp_path / "key"),
+                     "--out-vector", str(tmp_path / "v"),
                      "--out-head", str(tmp_path / "h"))
     assert result.returncode != 0 and message in result.stderr, result.stderr
 

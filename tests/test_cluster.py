@@ -5,10 +5,12 @@ uninterrupted under profiles/local (the reference); under profiles/local with SI
 group (Snakemake and the running fine-tunes) in the middle of the fine-tunes, then started again; and through profiles/slurm on a real single-node Slurm
 (tests/slurm_node.py) with one fine-tune's job scancelled mid-way, which the profile's retries resubmit. Both
 interrupted runs must resume from the checkpoint and end bit-identical to the reference: the same task vectors,
-the same privacy records, the same merges, scores and tables.
+the same privacy records, the same merges, scores and tables. They start from a copy of the reference's study
+key, as a study restored from its backup does (a new key would give other releases, tested in test_pipeline).
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -71,6 +73,14 @@ def wait_for_checkpoint(workdir: Path, process: subprocess.Popen, timeout: float
     pytest.fail(f"no checkpoint under {CHECKPOINTS} within {timeout} s")
 
 
+def share_study_key(source: Path, target: Path) -> None:
+    """The reference run's study key in `target`'s results folder, kept as private as the original."""
+    key = target / "results/private/study.key"
+    key.parent.mkdir(parents=True, mode=0o700)
+    shutil.copyfile(source / "results/private/study.key", key)
+    key.chmod(0o600)
+
+
 def local_profile():
     return ("--workflow-profile", str(ROOT / "profiles/local"), "--cores", "2")
 
@@ -103,6 +113,7 @@ def resumed_tasks(workdir: Path) -> list[str]:
 
 def test_fine_tune_killed_by_sigterm_resumes_on_the_next_run(reference_run, tmp_path):
     vectors = [f"results/taskvectors/effnet/eps4/dp_merging/s0/{task}.safetensors" for task in ("digits", "textures")]
+    share_study_key(reference_run, tmp_path)
     victim = start_snakemake(tmp_path, *local_profile(), targets=vectors)
     checkpoint = wait_for_checkpoint(tmp_path, victim)
     # SIGTERM to Snakemake alone makes it finish its running jobs first (nothing to resume); a machine shutting
@@ -133,6 +144,7 @@ def slurm(tmp_path_factory):
 
 
 def test_slurm_profile_run_with_a_cancelled_fine_tune_matches_the_local_run(reference_run, slurm, tmp_path):
+    share_study_key(reference_run, tmp_path)
     run = start_snakemake(
         tmp_path, "--workflow-profile", str(ROOT / "profiles/slurm"),
         # no accounting database on this cluster: poll with squeue (the plugin would wait on sacct forever)

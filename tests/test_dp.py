@@ -7,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import keyed
 from dpmerge.backbones import TaskModel, load_backbone
 from dpmerge.persample import STRATEGIES, make_clipper
+from dpmerge.randomness import GeneratorStream
 from dpmerge.finetune import (
     METHODS,
     FinetuneConfig,
@@ -85,7 +87,7 @@ def test_privatized_gradient_noise_has_std_sigma_c_over_b(toy_backbone, toy_data
         [
             torch.cat([g.flatten() for g in privatized_gradient(
                 model, tuple(f[:0] for f in features), empty, clip_norm=clip, noise_multiplier=sigma,
-                expected_batch_size=batch, generator=torch.Generator().manual_seed(seed))])
+                expected_batch_size=batch, noise=GeneratorStream(torch.Generator().manual_seed(seed)))])
             for seed in range(20)
         ]
     )
@@ -144,7 +146,7 @@ def test_anchor_is_added_after_privatization_not_to_the_loss(toy_backbone, toy_d
 
     def query(f, y):
         return privatized_gradient(per_sample, f, y, clip_norm=1e-9, noise_multiplier=0.0,
-                                   expected_batch_size=16, generator=torch.Generator())
+                                   expected_batch_size=16, noise=GeneratorStream(torch.Generator()))
 
     update = method_update(METHODS["dp_anchor"], query, params, anchors, tuple(f[:16] for f in features), labels[:16], 0.0, lam)
     for u in update:
@@ -187,8 +189,8 @@ def test_each_step_function_makes_as_many_queries_as_the_accountant_charges(name
 
 
 def test_poisson_batches_vary_in_size_with_mean_qn():
-    generator = torch.Generator().manual_seed(0)
-    sizes = [poisson_batch(1000, 0.02, generator).numel() for _ in range(400)]
+    sampler = GeneratorStream(torch.Generator().manual_seed(0))
+    sizes = [poisson_batch(1000, 0.02, sampler).numel() for _ in range(400)]
     assert len(set(sizes)) > 5
     assert sum(sizes) / len(sizes) == pytest.approx(20, rel=0.1)
 
@@ -198,10 +200,13 @@ def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_dat
     features, labels = toy_data
     pretrained = toy_backbone.top_state()
     config = FinetuneConfig(method=method, target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, seed=3)
-    result = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     record = result.record
     assert record["steps"] == 8 and record["sample_rate"] == pytest.approx(8 / 64)
     assert record["queries_per_step"] == METHODS[method].queries_per_step
+    # what ran, as counted by the loop: every one of the 8 steps made the method's queries on its batch
+    assert record["steps_by_queries"] == {str(METHODS[method].queries_per_step): 8}
+    assert record["randomness"] == "keyed" and record["neighbouring"] == "add_remove" and record["seed"] == 3
     assert record["delta"] == pytest.approx(1 / 64)
     assert 0 < record["spent_epsilon"] <= 2.0
     assert record["effective_noise_multiplier"] == pytest.approx(
@@ -214,11 +219,11 @@ def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_dat
     assert all(torch.equal(after[name], pretrained[name]) for name in pretrained)
 
 
-def test_finetune_is_deterministic_given_the_seed(toy_backbone, toy_data):
+def test_finetune_is_deterministic_given_the_key_and_identity(toy_backbone, toy_data):
     features, labels = toy_data
     config = FinetuneConfig(method="dp_merging", target_epsilon=4.0, epochs=0.5, batch_size=8, lr=1e-2, seed=1)
-    first = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
-    second = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    first = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    second = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     for key in first.task_vector:
         assert torch.equal(first.task_vector[key], second.task_vector[key])
 
@@ -232,11 +237,12 @@ class Killed(Exception):
     pass
 
 
-def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone, toy_data, tmp_path):
+@pytest.mark.parametrize("rng", ["keyed", "secure"])
+def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone, toy_data, tmp_path, rng):
     features, labels = toy_data
     config = FinetuneConfig(method="dp_merging", target_epsilon=4.0, epochs=2.0, batch_size=8, lr=1e-2,
-                            seed=5, log_every=1)
-    reference = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+                            seed=5, log_every=1, rng=rng)
+    reference = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     checkpoint = tmp_path / "run.ckpt"
 
     def kill_at_step_8(message):
@@ -244,11 +250,11 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
             raise Killed
 
     with pytest.raises(Killed):
-        finetune(toy_backbone, 3, features, labels, config, log=kill_at_step_8, checkpoint=checkpoint,
+        finetune(toy_backbone, 3, features, labels, config, **keyed(), log=kill_at_step_8, checkpoint=checkpoint,
                  checkpoint_every=3)
     assert checkpoint.exists()
     messages = []
-    resumed = finetune(toy_backbone, 3, features, labels, config, log=messages.append, checkpoint=checkpoint,
+    resumed = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint,
                        checkpoint_every=3)
     assert any("resumed from" in m and "at step 6/16" in m for m in messages)
     assert resumed.record == reference.record  # same steps, sigma and spent epsilon: nothing spent twice
@@ -262,7 +268,7 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
 def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(toy_backbone, toy_data, tmp_path, kind):
     features, labels = toy_data
     config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2, seed=2)
-    reference = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    reference = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     checkpoint = tmp_path / "run.ckpt"
     if kind == "corrupt":
         checkpoint.write_bytes(b"not a checkpoint")
@@ -274,28 +280,52 @@ def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(to
                 raise Killed
 
         with pytest.raises(Killed):
-            finetune(toy_backbone, 3, features, labels, replace(other, log_every=1), log=kill_at_step_5,
+            finetune(toy_backbone, 3, features, labels, replace(other, log_every=1), **keyed(), log=kill_at_step_5,
                      checkpoint=checkpoint, checkpoint_every=2)
         assert checkpoint.exists()
     messages = []
-    result = finetune(toy_backbone, 3, features, labels, config, log=messages.append, checkpoint=checkpoint)
-    expected = "unreadable" if kind == "corrupt" else "belongs to another run (differs in ['config'])"
+    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint)
+    # another seed index is another mechanism: other settings and other keyed streams
+    expected = "unreadable" if kind == "corrupt" else "belongs to another run (differs in ['config', 'randomness'])"
     assert any(str(checkpoint) in m and expected in m for m in messages), messages
     for key in reference.task_vector:
         assert torch.equal(result.task_vector[key], reference.task_vector[key])
 
 
-def test_delta_at_or_above_one_over_n_is_refused(toy_backbone, toy_data):
+def test_delta_up_to_one_over_n_is_accepted_and_above_it_refused(toy_backbone, toy_data):
     features, labels = toy_data
-    config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, delta=1 / 64)
-    with pytest.raises(ValueError, match=r"delta must be in \(0, 1/N\)"):
-        finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    for delta in (1 / 64, 1e-5):  # the default's 1/N, given explicitly, and a smaller one
+        config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, epochs=0.25, delta=delta)
+        assert finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None).record["delta"] == delta
+    config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, delta=1.5 / 64)
+    with pytest.raises(ValueError, match=r"finetune.delta must be in \(0, 1/N\] = \(0, 0.015625\] for N = 64"):
+        finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+
+
+def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(toy_backbone, toy_data, monkeypatch):
+    """The spent epsilon comes from the queries the loop counted, not from the method's declared count: a step
+    function that queries its batch once more than declared is caught before anything is released."""
+    features, labels = toy_data
+    config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2)
+    honest = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    assert honest.record["steps_by_queries"] == {"1": 8}
+
+    def leaky_step(query, params, anchors, features, labels, rho, anchor_lambda):
+        query(features, labels)  # a second look at the batch, e.g. a forgotten diagnostic
+        return query(features, labels)
+
+    monkeypatch.setitem(STEPS, "naive_dp", leaky_step)
+    pretrained = toy_backbone.top_state()
+    with pytest.raises(RuntimeError, match=r"refusing to release: the 8 steps that ran made \{2: 8\}.*> target 4.0"):
+        finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    after = toy_backbone.top_state()
+    assert all(torch.equal(after[name], pretrained[name]) for name in pretrained)  # nothing half-trained is left
 
 
 def test_nonprivate_reference_records_infinite_epsilon(toy_backbone, toy_data):
     features, labels = toy_data
     config = FinetuneConfig(method="nonprivate", target_epsilon=None, epochs=1.0, batch_size=8, lr=1e-2)
-    result = finetune(toy_backbone, 3, features, labels, config, log=lambda _: None)
+    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert result.record["target_epsilon"] == "inf" and result.record["spent_epsilon"] == "inf"
     assert result.record["noise_multiplier"] == 0.0 and result.record["queries_per_step"] == 1
     assert any(v.abs().sum() > 0 for v in result.task_vector.values())
@@ -326,4 +356,5 @@ def test_betas_from_a_json_list_become_a_tuple():
 def test_batch_larger_than_the_dataset_is_refused(toy_backbone, toy_data):
     features, labels = toy_data
     with pytest.raises(ValueError, match="batch_size 100 exceeds the 64 training examples"):
-        finetune(toy_backbone, 3, features, labels, FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=100))
+        finetune(toy_backbone, 3, features, labels, FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=100),
+                 **keyed())

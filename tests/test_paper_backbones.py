@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import keyed
 import dpmerge  # noqa: F401 - torchvision shim before open_clip
 from dpmerge import losses
 from dpmerge.backbones import BACKBONES, TaskModel, load_backbone
@@ -126,7 +127,8 @@ def test_clip_finetune_keeps_the_zero_shot_head_frozen(clip_files):
     (features,) = backbone.trunk_features(uint8_images(48))
     labels = torch.arange(48) % 3
     config = FinetuneConfig(method="dp_merging", target_epsilon=8.0, epochs=1, batch_size=16, lr=1e-3)
-    result = finetune(backbone, 3, (features,), labels, config, log=lambda _: None, head=head, train_head=False)
+    result = finetune(backbone, 3, (features,), labels, config, **keyed(), log=lambda _: None, head=head,
+                      train_head=False)
     assert all(torch.equal(result.head[k], head[k]) for k in head)
     assert set(result.task_vector) == set(backbone.trainable_names())
     assert any(v.abs().max() > 0 for v in result.task_vector.values())
@@ -202,7 +204,7 @@ def test_regression_head_trains_privately_and_scores_by_spearman(roberta_dir):
     features = backbone.trunk_features(texts)
     labels = torch.tensor([float(i % 5) for i in range(40)])
     config = FinetuneConfig(method="naive_dp", target_epsilon=8.0, epochs=1, batch_size=8, lr=1e-3)
-    result = finetune(backbone, 1, features, labels, config, log=lambda _: None)
+    result = finetune(backbone, 1, features, labels, config, **keyed(), log=lambda _: None)
     assert result.head["out_proj.weight"].shape == (1, backbone.embed_dim)
     model = TaskModel.with_head(backbone, result.head)
     with torch.no_grad():

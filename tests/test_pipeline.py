@@ -27,12 +27,13 @@ TINY = {
     "epsilons": [4],
     "methods": ["naive_dp", "dp_merging"],
     "backbones": {
+        # public_data: datasets declared public (outside every private training set) for RegMean's Grams
         "effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
-                   "tasks": ["digits", "textures"], "finetune": {"lr": 0.002}},
+                   "tasks": ["digits", "textures"], "finetune": {"lr": 0.002}, "public_data": "lfw"},
         "minilm": {"kind": "minilm_l6", "trainable_blocks": 1, "max_length": 16,
-                   "tasks": ["bbc_topic", "bbc_next_sentence"]},
+                   "tasks": ["bbc_topic", "bbc_next_sentence"], "public_data": "tweet_sentiment"},
     },
-    "data": {"max_train": 48, "max_test": 24, "public_examples": 16},
+    "data": {"max_train": 48, "max_test": 24},
     "finetune": {"epochs": 0.4, "batch_size": 8, "lr": 0.001},
     "merge": {"weight_averaging": {}, "ties": {"density": 0.2},
               "regmean": {"statistics": {"data": "public", "examples": 16}},
@@ -129,15 +130,18 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     assert r"\toprule" in (results / "tables/table1_effnet_eps4.tex").read_text()
     assert (results / "figures/interpolation_minilm_eps4.png").read_bytes()[:4] == b"\x89PNG"
 
-    # data-dependent merges: RegMean on the held-out public examples (free), Fisher privatized and composed
+    # data-dependent merges: RegMean on the declared public dataset (free), Fisher privatized and composed
     _, regmean_meta = load_tensors(results / "merged/minilm/eps4/dp_merging/s0/regmean.safetensors")
     assert regmean_meta["statistics"]["source"] == "public"
-    assert [r["examples"] for r in regmean_meta["statistics"]["records"]] == [16, 16]
+    assert [(r["public_dataset"], r["examples"]) for r in regmean_meta["statistics"]["records"]] == \
+        [("tweet_sentiment", 16)] * 2
     minilm_spent = ledger.query("backbone == 'minilm' and method == 'dp_merging'")["spent_epsilon"].astype(float)
     assert float(regmean_meta["release_epsilon"]) == minilm_spent.max()  # public statistics cost nothing
     statistics = pd.read_parquet(results / "privacy/merge_statistics.parquet")
     private = statistics.query("kind == 'fisher'")
     assert len(private) == 8 and (private["source"] == "private").all() and (private["examples"] == 32).all()
+    # a Poisson sample at rate m/N of the 48 private examples, accounted as such
+    assert np.allclose(private["sample_rate"], 32 / 48) and (private["neighbouring"] == "add_remove").all()
     main_grid = ledger[ledger["path"].str.contains(r"/eps4/(?:naive_dp|dp_merging)/s0/", regex=True)]
     spent = main_grid.set_index(["backbone", "method", "task"])["spent_epsilon"].astype(float)
     for row in private.itertuples():
@@ -145,7 +149,21 @@ def test_outputs_hold_the_values_they_claim(finished_run):
         assert float(row.statistic_epsilon) == 1.0 and float(row.noise_multiplier) > 0
     _, fisher_meta = load_tensors(results / "merged/effnet/eps4/naive_dp/s0/fisher.safetensors")
     assert fisher_meta["release_epsilon"] == max(r["total_epsilon"] for r in fisher_meta["statistics"]["records"])
-    assert "Merge statistics" in (results / "privacy/ledger.md").read_text()
+    ledger_text = (results / "privacy/ledger.md").read_text()
+    assert "Merge statistics" in ledger_text and "| public: lfw |" in ledger_text
+    # digits is released at epsilon 4 (two methods), 8 (two) and rho 0.2, and Fisher read it twice (the main
+    # groups): all published together is their composition, more than any one of them
+    composed = re.search(r"^\| digits \| effnet \| 5 \| 2 \| 0 \| ([0-9.]+) \| ([0-9.]+) \|", ledger_text, re.M)
+    assert composed and 8.0 >= float(composed.group(1)) and float(composed.group(2)) > 8.0
+    assert "Threat model" in ledger_text and "N treated as public" in ledger_text
+
+    # the study key: private, and in no release, log or table
+    key_file = results / "private/study.key"
+    assert key_file.stat().st_mode & 0o077 == 0
+    key = key_file.read_text().strip()
+    for path in results.rglob("*"):
+        if path.is_file() and path != key_file:
+            assert key.encode() not in path.read_bytes(), path
     assert {"DP + RegMean", "DP-Merging + Fisher", "DP + DTS-D (per-task models)"} <= set(table.index)
     # DTS-D: one model per task, each scored on its own task; the extra storage per task is recorded
     _, dts_meta = load_tensors(results / "merged/effnet/eps4/dp_merging/s0/dts_difference.safetensors")
@@ -225,6 +243,27 @@ def test_paper_tables_figures_and_report(finished_run):
                    "sharpness_drift_minilm.png", "gap_vs_bound_effnet.png", "index.md", "ledger.md",
                    "Theorem 5.2", "Sensitivity (Tables 6, 7)", "Loss landscapes (Figs. 4, 5)"):
         assert needle in page, needle
+
+
+def test_a_fresh_study_directory_releases_differently_and_its_own_key_reproduces(finished_run, tmp_path):
+    """Same config, new directory: a new study key, so other releases with the same records; the directory's
+    own key gives the same release again."""
+    target = "results/taskvectors/effnet/eps4/naive_dp/s0/digits.safetensors"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
+    result = snakemake(tmp_path, target)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    theirs, their_record = load_tensors(finished_run / target)
+    ours, our_record = load_tensors(tmp_path / target)
+    assert our_record == their_record  # the records cannot tell the studies apart
+    assert not all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert (tmp_path / "results/private/study.key").read_text() != (finished_run / "results/private/study.key").read_text()
+    released = tmp_path / target
+    released.chmod(0o644)  # protected() released it read-only; retrain on purpose
+    released.unlink()
+    result = snakemake(tmp_path, target)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    again, _ = load_tensors(released)
+    assert all(torch.equal(again[k], ours[k]) for k in ours)
 
 
 def test_released_task_vectors_and_heads_are_write_protected(finished_run):
@@ -333,8 +372,17 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
         (lambda c: c["merge"].update(ties_dv={"operator": "ties", "vectors": "deltas"}), "deltas"),
         (lambda c: c["merge"].update(Bad={}), "Bad"),
         (lambda c: c["merge"].update(regmean={}), "merge.regmean: regmean needs data statistics; add statistics:"),
-        (lambda c: c["data"].update(public_examples=0),
-         "merge.regmean.statistics.data: public needs data.public_examples > 0"),
+        (lambda c: c["data"].update(public_examples=16),
+         "data.public_examples is gone: examples held out of a private training split are private"),
+        (lambda c: c["backbones"]["effnet"].update(public_data="textures"),
+         "backbones.effnet.public_data: 'textures' is a private task (of backbone 'effnet')"),
+        (lambda c: c["backbones"]["minilm"].update(public_data="lfw"),
+         "backbones.minilm.public_data: 'lfw' is a vision dataset, but 'minilm_l6' is a text backbone"),
+        (lambda c: c["backbones"]["minilm"].pop("public_data"),
+         "merge.regmean.statistics.data: public needs a dataset declared public for every backbone; "
+         "backbones.minilm.public_data is not set"),
+        (lambda c: c.update(privacy={"rng": "fast"}), "'fast' is not one of ['keyed', 'secure']"),
+        (lambda c: c.update(privacy={"neighbouring": "swap"}), "'swap' is not one of ['add_remove', 'replace_one']"),
         (lambda c: c["merge"]["fisher"]["statistics"].pop("epsilon"),
          "merge.fisher.statistics: data: private needs clip_norm and epsilon"),
         (lambda c: c["merge"]["ties"].update(statistics={"data": "public"}),

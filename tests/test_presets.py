@@ -44,7 +44,7 @@ def test_paper_vision_preset_lists_the_papers_dag(tmp_path):
     assert counts["finetune"] == (main_groups + sweep_rho + sweep_lambda) * tasks
     # main groups: every operator and diagnostic; the sensitivity runs: TIES, the tables' operator
     assert counts["merge"] == counts["evaluate_merged"] == main_groups * operators + sweep_rho + sweep_lambda
-    assert counts["merge_statistics"] == main_groups  # RegMean's public Grams, one file per release group
+    assert counts["merge_statistics"] == main_groups  # RegMean's privatized Grams, one file per release group
     assert counts["curvature"] == counts["linearity"] == main_groups
     assert counts["drift"] == main_groups + sweep_rho + sweep_lambda
     # Tables 1/2/10, 5 and 8 per backbone and budget; Tables 4, 6, 7 once
@@ -127,6 +127,10 @@ def test_standin_preset_runs_the_papers_code_paths(standin_run):
     scores = pd.read_parquet(standin_run / "scores/individual/roberta/eps4/dp_merging/s0.parquet")
     assert set(scores.loc[scores["task"] == "stsb", "metric"]) == {"spearman"}
     assert "PASS" in (standin_run / "privacy/ledger.md").read_text()
+    # RegMean's Grams read the datasets the preset declares public, through the CLIP tower's renaming
+    for backbone, entry in config["backbones"].items():
+        _, statistics = load_tensors(standin_run / f"statistics/{backbone}/eps4/dp_merging/s0/regmean.safetensors")
+        assert statistics["source"] == "public" and statistics["public_dataset"] == entry["public_data"]
     # curvature's Hessian-vector products go through the CLIP tower's released <-> internal renaming
     curvature = pd.read_parquet(standin_run / "diagnostics/curvature/clip/eps4/dp_merging/s0.parquet")
     assert curvature[["sharpness", "lambda_max_at_task", "merge_gap"]].notna().all().all()

@@ -74,25 +74,146 @@ def test_bad_inputs_name_the_field():
         calibrate_noise_multiplier(4.0, 0.0, 0.1, 10)
 
 
-def ledger_row(task, rho=0.05, epsilon="4.0", **overrides):
-    row = {"path": f"{task}-{rho}-{epsilon}.safetensors", "task": task, "backbone": "b", "method": "dp_merging",
-           "rho": rho, "anchor_lambda": 0.05, "target_epsilon": epsilon, "spent_epsilon": "3.9", "seed": 0,
-           "delta": 1e-3, "record_complete": True}
-    row.update(overrides)
-    return row
+def test_replace_one_doubles_sigma_and_meets_the_target_by_an_exact_replace_one_accountant():
+    """Under replacement a query's sensitivity is 2C: sigma doubles (the paper's rule). Google's dp_accounting
+    PLD accounts Poisson sampling under replace-one exactly; at the doubled sigma it must stay within target."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    for target, q, steps, queries in [(1.0, 0.05, 40, 1), (4.0, 64 / 1200, 19, 2), (8.0, 0.01, 300, 2)]:
+        delta = 1e-4
+        add_remove = calibrate_noise_multiplier(target, delta, q, steps, queries)
+        replace = calibrate_noise_multiplier(target, delta, q, steps, queries, neighbouring="replace_one")
+        assert replace == pytest.approx(2 * add_remove, rel=1e-9)
+        assert spent_epsilon(replace, q, steps, delta, queries, neighbouring="replace_one") <= target
+        exact = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE,
+                                                     value_discretization_interval=1e-3)
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(replace / math.sqrt(queries)))
+        exact.compose(event, steps)
+        assert exact.get_epsilon(delta) <= target
+        # and the doubling is not free: the same sigma under add/remove spends far less
+        assert spent_epsilon(replace, q, steps, delta, queries) < 0.6 * target
+    with pytest.raises(ValueError, match="unknown neighbouring relation 'swap'"):
+        calibrate_noise_multiplier(4.0, 1e-5, 0.1, 10, neighbouring="swap")
+
+
+def release(task, epsilon=4.0, method="dp_merging", rho=0.05, seed=0, backbone="b", **overrides):
+    """A release's privacy record as finetune() writes it, calibrated for real (q = 0.05, 40 steps)."""
+    from dpmerge.methods import METHODS
+
+    queries = METHODS[method].queries_per_step
+    q, steps, delta = 0.05, 40, 1e-3
+    private = METHODS[method].private
+    sigma = calibrate_noise_multiplier(epsilon, delta, q, steps, queries) if private else 0.0
+    record = {"task": task, "backbone": backbone, "method": method, "target_epsilon": epsilon if private else "inf",
+              "spent_epsilon": spent_epsilon(sigma, q, steps, delta, queries) if private else "inf",
+              "delta": delta if private else 0.0, "noise_multiplier": sigma,
+              "effective_noise_multiplier": effective_noise_multiplier(sigma, queries), "sample_rate": q,
+              "steps": steps, "clip_norm": 0.2, "queries_per_step": queries, "steps_by_queries": {str(queries): steps},
+              "accountant": "rdp" if private else None, "sampling": "poisson", "neighbouring": "add_remove",
+              "randomness": "keyed", "seed": seed, "rho": rho, "anchor_lambda": 0.05, "pretrained_sha256": "w0",
+              "num_train_examples": 1000}
+    record.update(overrides)
+    return f"{backbone}-{task}-{method}-{rho}-{epsilon}-{seed}.safetensors", record
+
+
+def ledger(*releases):
+    from dpmerge.privacy_ledger import ledger_of_records
+
+    return ledger_of_records(list(releases))
+
+
+def test_composition_of_different_mechanisms_agrees_with_dp_accounting():
+    """The ledger's per-task composition (a fine-tune's 2-query steps, a 1-query fine-tune, a private statistic)
+    against Google's dp_accounting composing the same events."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+    from dpmerge.privacy import RDP_ORDERS, composed_epsilon
+
+    mechanisms = [(1.1 / math.sqrt(2), 0.05, 40), (0.9, 0.05, 40), (3.0, 0.2, 1)]
+    theirs = rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS)
+    for sigma, q, steps in mechanisms:
+        theirs.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps))
+    assert composed_epsilon(mechanisms, 1e-3) == pytest.approx(theirs.get_epsilon(1e-3), rel=3e-3)
 
 
 def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in_one_group():
-    import pandas as pd
-
     from dpmerge.privacy_ledger import check_ledger, ledger_report
 
     # the default run and a rho-sweep run on the same tasks: two alternative experiments, each in budget
-    sweep = pd.DataFrame([ledger_row("a"), ledger_row("b"), ledger_row("a", rho=0.2), ledger_row("b", rho=0.2)])
+    sweep = ledger(release("a"), release("b"), release("a", rho=0.2), release("b", rho=0.2))
     assert check_ledger(sweep) == []
     report = ledger_report(sweep, [])
     assert "| b | dp_merging | 0.2 | 0.05 | 4.0 | 0 | 2 |" in report and "composes their budgets" in report
-    twice = pd.DataFrame([ledger_row("a"), ledger_row("a", path="again.safetensors")])
+    assert "add/remove one example, with the dataset size N treated as public" in report
+    path, record = release("a")
+    twice = ledger((path, record), ("again.safetensors", record))
     assert "task(s) ['a'] released twice" in check_ledger(twice)[0]
-    over = pd.DataFrame([ledger_row("a", spent_epsilon="4.2")])
+    over = ledger(release("a", spent_epsilon=4.2))
     assert "spent epsilon 4.2 exceeds target 4.0" in check_ledger(over)[0]
+
+
+def test_ledger_recomputes_epsilon_from_each_record_and_refuses_unkeyed_randomness():
+    from dpmerge.privacy_ledger import check_ledger
+
+    honest = release("a")
+    assert check_ledger(ledger(honest)) == []
+    # a record claiming less than its own sigma, q and steps spend
+    path, record = release("a")
+    understated = ledger((path, {**record, "spent_epsilon": 3.0}))
+    assert any("spends epsilon 3.99" in p and "not the 3.0 it claims" in p for p in check_ledger(understated))
+    # an extra query per step that the record shows but its epsilon ignores
+    extra = ledger((path, {**record, "steps_by_queries": {"3": 40}}))
+    assert any("not the" in p for p in check_ledger(extra))
+    # randomness anyone could replay
+    seeded = ledger((path, {**record, "randomness": "seeded"}))
+    assert any("not keyed by a study key" in p for p in check_ledger(seeded))
+    # a claim an independent accountant contradicts (sigma recorded lower than the one the claim needs)
+    from dpmerge.privacy import record_epsilon
+
+    weaker = {**record, "noise_multiplier": 0.8 * record["noise_multiplier"]}
+    weaker["spent_epsilon"] = record_epsilon(weaker) * 0.98  # consistent with nothing: caught twice
+    assert any("an independent accountant (dp_accounting) finds epsilon" in p
+               for p in check_ledger(ledger((path, weaker))))
+    assert ledger(honest)["independent_epsilon"].iloc[0] == pytest.approx(record["spent_epsilon"], rel=3e-3)
+
+
+def test_publishing_several_budgets_of_a_task_composes_them_and_the_ledger_says_so():
+    import pandas as pd
+
+    from dpmerge.privacy import composed_epsilon
+    from dpmerge.privacy_ledger import ledger_report, task_composition
+
+    releases = ledger(release("a", 1.0), release("a", 4.0), release("a", 4.0, seed=1), release("b", 4.0),
+                      release("c", 4.0), release("c", method="nonprivate"))
+    composition = task_composition(releases).set_index("task")
+    a = composition.loc["a"]
+    mechanisms = [(record["effective_noise_multiplier"], 0.05, 40)
+                  for _, record in (release("a", 1.0), release("a", 4.0), release("a", 4.0, seed=1))]
+    assert a["private_releases"] == 3
+    assert a["composed_epsilon"] == pytest.approx(composed_epsilon(mechanisms, 1e-3))
+    assert a["max_single_epsilon"] < 4.0 < a["composed_epsilon"]  # three releases cost more than the largest
+    assert composition.loc["b", "composed_epsilon"] == pytest.approx(composition.loc["b", "max_single_epsilon"])
+    assert composition.loc["c", "composed_epsilon"] == math.inf  # the non-private reference protects nothing
+    # a private statistic of task b composes too
+    statistics = pd.DataFrame([{"task": "b", "source": "private", "method": "dp_merging", "noise_multiplier": 2.0,
+                                "sample_rate": 0.2, "neighbouring": "add_remove"}])
+    with_statistic = task_composition(releases, statistics).set_index("task").loc["b"]
+    assert with_statistic["private_statistics"] == 1
+    assert with_statistic["composed_epsilon"] > composition.loc["b", "composed_epsilon"]
+    assert "Everything published, composed per task" in ledger_report(releases, [])
+
+
+def test_public_statistics_must_read_a_dataset_outside_every_private_training_set():
+    import pandas as pd
+
+    from dpmerge.privacy_ledger import STATISTICS_COLUMNS, check_statistics
+
+    releases = ledger(release("a"), release("b"))
+    row = {column: None for column in STATISTICS_COLUMNS}
+    row.update(path="s.safetensors", kind="gram", source="public", backbone="b", method="dp_merging", task="a")
+    assert check_statistics(pd.DataFrame([{**row, "public_dataset": "lfw"}]), releases) == []
+    problems = check_statistics(pd.DataFrame([{**row, "public_dataset": "b"}]), releases)
+    assert problems and "not a dataset outside every private training set" in problems[0]
+    assert check_statistics(pd.DataFrame([row]), releases)  # no public dataset named at all

@@ -41,6 +41,9 @@ def _parse_params(pairs: list[str]) -> dict:
     return params
 
 
+STUDY_KEY_HELP = ("the study's secret key file (created with mode 0600 if missing; the workflow keeps it at "
+                  "<results>/private/study.key): it keys every random draw, so keep it private and back it up")
+
 # Where and how a backbone runs (config `compute:`), carried in the backbone spec so every rule sees the same.
 RUN_SETTINGS = ("device", "precision")
 
@@ -92,8 +95,7 @@ def cmd_prepare(args) -> None:
     try:
         data = load_task(
             args.task, image_size=int(spec.get("image_size", 64)), max_train=args.max_train or None,
-            max_test=args.max_test or None, seed=args.data_seed, public_examples=args.public_examples,
-            data_dir=args.data_dir, workers=args.workers,
+            max_test=args.max_test or None, seed=args.data_seed, data_dir=args.data_dir, workers=args.workers,
         )
     except (MissingDataError, ValueError) as error:
         raise SystemExit(f"error: {error}")
@@ -102,11 +104,9 @@ def cmd_prepare(args) -> None:
             f"error: task {args.task!r} is a {data.spec.modality} task but backbone {args.backbone!r} "
             f"is a {backbone.modality} backbone"
         )
-    _log(f"[prepare] {args.task}: {len(data.train_labels)} train / {len(data.test_labels)} test / "
-         f"{len(data.public_labels)} public examples")
+    _log(f"[prepare] {args.task}: {len(data.train_labels)} train / {len(data.test_labels)} test examples")
     train = backbone.trunk_features(data.train_inputs, log=_log)
     test = backbone.trunk_features(data.test_inputs)
-    public = backbone.trunk_features(data.public_inputs) if len(data.public_labels) else ()
     payload = {
         "task": args.task,
         "backbone": args.backbone,
@@ -117,9 +117,6 @@ def cmd_prepare(args) -> None:
         "train_labels": torch.as_tensor(data.train_labels),
         "test_features": list(test),
         "test_labels": torch.as_tensor(data.test_labels),
-        # Held out of private training: free to use for merge statistics.
-        "public_features": list(public),
-        "public_labels": torch.as_tensor(data.public_labels),
         "pretrained_sha256": backbone.checkpoint_sha256,
     }
     atomic_write(args.out, lambda tmp: torch.save(payload, tmp))
@@ -179,7 +176,7 @@ def cmd_prepare_data(args) -> None:
 
 def cmd_make_standins(args) -> None:
     """Tiny CLIP and RoBERTa checkpoints and tiny copies of the paper's datasets, in the real formats."""
-    from dpmerge.paper_data import GLUE_TASKS, VISION_TASKS, read_split, write_standin
+    from dpmerge.paper_data import GLUE_TASKS, VISION_TASKS, standin_tokenizer_corpus, write_standin
     from dpmerge.standins import write_tiny_clip, write_tiny_roberta
 
     out = Path(args.out)
@@ -188,14 +185,10 @@ def cmd_make_standins(args) -> None:
     for task in VISION_TASKS:
         write_standin(task, out / "data", num_classes=args.vision_classes, train_per_class=args.train_per_class,
                       test_per_class=args.test_per_class, image_size=args.image_size, seed=args.seed)
-    corpus = []
     for task in GLUE_TASKS:
         write_standin(task, out / "data", train_per_class=args.train_per_class, test_per_class=args.test_per_class,
                       seed=args.seed)
-        split = read_split(task, out / "data")
-        for example in split.render(split.train_refs, 0):
-            corpus.extend(example if isinstance(example, (tuple, list)) else [example])
-    write_tiny_roberta(out / "roberta", corpus, seed=args.seed)
+    write_tiny_roberta(out / "roberta", standin_tokenizer_corpus(), seed=args.seed)
     _log(f"[make-standins] tiny RoBERTa: {out / 'roberta'}; datasets: {out / 'data'}")
 
 
@@ -204,6 +197,7 @@ def cmd_finetune(args) -> None:
     from dpmerge.evaluate import load_prepared
     from dpmerge.finetune import FinetuneConfig, finetune
     from dpmerge.methods import parse_label
+    from dpmerge.study_key import StudyKeyError, load_or_create_key
     from dpmerge.taskvectors import load_tensors, save_released
 
     _set_threads(args.threads)
@@ -235,10 +229,15 @@ def cmd_finetune(args) -> None:
     elif BACKBONES[spec["kind"]].zeroshot_heads:
         raise SystemExit(f"error: backbone {args.backbone!r} classifies with frozen zero-shot heads: pass "
                          "--zeroshot-head (from 'dpmerge zeroshot-head')")
+    try:
+        study_key = load_or_create_key(args.study_key)
+    except StudyKeyError as error:
+        raise SystemExit(f"error: --study-key: {error}")
     result = finetune(
         backbone, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
-        prepared["train_labels"], config, log=_log, checkpoint=args.checkpoint,
-        checkpoint_every=args.checkpoint_every, head=head, train_head=head is None,
+        prepared["train_labels"], config, study_key=study_key,
+        identity={"backbone": args.backbone, "task": prepared["task"], "method": args.method}, log=_log,
+        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, head=head, train_head=head is None,
     )
     # Training losses are statistics of private data: they stay in the job log, never in a released file.
     identity = {"backbone": args.backbone, "task": prepared["task"]}
@@ -350,70 +349,115 @@ def cmd_merge(args) -> None:
          f"(streamed) -> {args.out}")
 
 
+def _private_statistic_identity(args, meta: dict, vector_sha256: str) -> dict:
+    """Everything that makes one task's private statistic this mechanism: its kind and settings, and the release
+    it is computed for (another method, budget, seed or sweep value of the same task is another mechanism)."""
+    return {"mechanism": "merge_statistic", "kind": args.kind, "backbone": meta.get("backbone"),
+            "task": meta["task"], "method": meta["method"], "rho": meta.get("rho"),
+            "anchor_lambda": meta.get("anchor_lambda"), "target_epsilon": meta["target_epsilon"],
+            "seed": meta["seed"], "task_vector_sha256": vector_sha256,
+            "settings": {"examples": args.examples, "clip_norm": args.clip_norm, "epsilon": args.epsilon}}
+
+
 def cmd_statistics(args) -> None:
     """Per-task RegMean Grams or Fisher diagonals of a release group's task models, public or privatized."""
-    import zlib
-
     from dpmerge.evaluate import load_prepared
+    from dpmerge.finetune import poisson_batch
     from dpmerge.merge_statistics import fisher_statistics, gram_statistics
-    from dpmerge.privacy import calibrate_noise_multiplier, composed_epsilon
+    from dpmerge.privacy import calibrate_noise_multiplier, composed_epsilon, record_mechanisms
+    from dpmerge.randomness import MechanismRandomness
+    from dpmerge.study_key import StudyKeyError, load_or_create_key
     from dpmerge.taskvectors import file_tensors_sha256, load_tensors, save_tensors
 
     _set_threads(args.threads)
     if not (len(args.task_vectors) == len(args.heads) == len(args.data)):
         raise SystemExit("error: give one --task-vectors, --heads and --data file per task, in the same order")
-    if args.source == "private" and (args.clip_norm is None or args.epsilon is None):
-        raise SystemExit("error: --source private needs --clip-norm and --epsilon (the statistic's own budget)")
+    if args.source == "private" and (args.clip_norm is None or args.epsilon is None or args.study_key is None):
+        raise SystemExit("error: --source private needs --clip-norm, --epsilon (the statistic's own budget) and "
+                         "--study-key (its sampler and noise are keyed by the study's secret key)")
+    if args.source == "public" and not args.public_data:
+        raise SystemExit("error: --source public needs --public-data: the prepared file ('dpmerge prepare') of a "
+                         "dataset declared public, outside every private training set")
+    if args.source == "private" and args.public_data:
+        raise SystemExit("error: --public-data is read only with --source public")
     backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
     base, _ = load_tensors(args.base)
     vectors, metas = _read_task_vectors(args.task_vectors)
+    key = None
+    if args.source == "private":
+        try:
+            key = load_or_create_key(args.study_key)
+        except StudyKeyError as error:
+            raise SystemExit(f"error: --study-key: {error}")
+    public = None
+    if args.source == "public":
+        public = load_prepared(args.public_data)
+        if public["task"] in [m["task"] for m in metas]:
+            raise SystemExit(f"error: {args.public_data} holds {public['task']!r}, a private task of this release "
+                             "group: a private training set is never public data")
+        if public["pretrained_sha256"] != backbone.checkpoint_sha256:
+            raise SystemExit(f"error: {args.public_data} was prepared from other pretrained weights; rerun prepare")
     tensors, records = {}, []
     for index, (vector, meta, head_path, data_path) in enumerate(zip(vectors, metas, args.heads, args.data)):
         prepared = load_prepared(data_path)
         if prepared["task"] != meta["task"]:
             raise SystemExit(f"error: {data_path} holds task {prepared['task']!r}, {args.task_vectors[index]} "
                              f"was trained on {meta['task']!r}")
-        if args.source == "public":
-            features, available = prepared["public_features"], len(prepared["public_labels"])
-            if available == 0:
-                raise SystemExit(f"error: {data_path} holds no public examples; set data.public_examples > 0 "
-                                 "(examples held out of private training) or use private statistics")
-        else:
-            features, available = prepared["train_features"], len(prepared["train_labels"])
-        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + zlib.crc32(meta["task"].encode()))
-        chosen = torch.randperm(available, generator=generator)[: min(args.examples, available)].sort().values
-        features = tuple(f[chosen] for f in features)
-        record = {"task": meta["task"], "source": args.source, "examples": int(len(chosen)),
+        record = {"task": meta["task"], "source": args.source,
                   "task_vector_sha256": file_tensors_sha256(args.task_vectors[index])}
-        clip_norm, sigma = None, 0.0
-        if args.source == "private":
+        clip_norm, sigma, noise = None, 0.0, None
+        if public is not None:
+            # Public data needs no secret randomness: a fixed subset, the same for every task and run.
+            available = len(public["train_labels"])
+            chosen = torch.randperm(available, generator=torch.Generator().manual_seed(0))[:args.examples]
+            features, normaliser = tuple(f[chosen.sort().values] for f in public["train_features"]), len(chosen)
+            record.update(public_dataset=public["task"], examples=int(len(chosen)))
+        else:
+            # Private data: a Poisson sample at rate m/N from the study key (secret, like a fine-tune's batches),
+            # each example's whole contribution clipped to C, Gaussian noise, and a mean over the expected m
+            # (a data-independent normaliser). Accounted as one subsampled Gaussian step, composed with the
+            # task's fine-tuning by the same accountant.
             clip_norm = args.clip_norm
+            num_examples = len(prepared["train_labels"])
+            sample_rate = min(1.0, args.examples / num_examples)
+            identity = _private_statistic_identity(args, meta, record["task_vector_sha256"])
+            randomness = MechanismRandomness(key, identity, meta["randomness"])
+            chosen = poisson_batch(num_examples, sample_rate, randomness.stream("poisson_sampler"))
+            features = tuple(f[chosen] for f in prepared["train_features"])
+            normaliser = sample_rate * num_examples
+            noise = randomness.stream("gaussian_noise")
+            record.update(examples=args.examples, sample_rate=sample_rate, clip_norm=clip_norm,
+                          neighbouring=meta["neighbouring"], randomness=meta["randomness"])
             if meta["method"] == "nonprivate":
-                record.update(clip_norm=clip_norm, noise_multiplier=0.0, statistic_epsilon="inf",
-                              total_epsilon="inf")
+                record.update(noise_multiplier=0.0, statistic_epsilon="inf", total_epsilon="inf")
             else:
                 delta, accountant = float(meta["delta"]), meta["accountant"]
-                sigma = calibrate_noise_multiplier(args.epsilon, delta, 1.0, 1, 1, accountant)
-                finetuning = (float(meta["effective_noise_multiplier"]), float(meta["sample_rate"]), int(meta["steps"]))
-                total = composed_epsilon([finetuning, (sigma, 1.0, 1)], delta, accountant)
-                record.update(clip_norm=clip_norm, noise_multiplier=sigma, statistic_epsilon=args.epsilon,
-                              finetune_spent_epsilon=meta["spent_epsilon"], total_epsilon=total, delta=delta,
-                              accountant=accountant)
+                sigma = calibrate_noise_multiplier(args.epsilon, delta, sample_rate, 1, 1, accountant,
+                                                   meta["neighbouring"])
+                record.update(noise_multiplier=sigma, steps=1, steps_by_queries={"1": 1}, delta=delta,
+                              accountant=accountant, statistic_epsilon=args.epsilon,
+                              finetune_spent_epsilon=meta["spent_epsilon"])
+                record["total_epsilon"] = composed_epsilon(record_mechanisms(meta) + record_mechanisms(record),
+                                                           delta, accountant)
         backbone.load_top_state({name: base[name] + vector[name] for name in base})
         if args.kind == "gram":
-            result = gram_statistics(backbone, features, clip_norm, sigma, generator)
+            result = gram_statistics(backbone, features, clip_norm, sigma, noise, normaliser=normaliser)
         else:
             head, _ = load_tensors(head_path)
-            result = fisher_statistics(backbone, head, features, clip_norm, sigma, generator)
+            result = fisher_statistics(backbone, head, features, clip_norm, sigma, noise, normaliser=normaliser)
         # Statistics of the network's layers, under the names the task vectors are released with.
         result = backbone.release_statistics(args.kind, result)
-        tensors.update({f"{index}/{key}": value for key, value in result.items()})
+        tensors.update({f"{index}/{key_}": value for key_, value in result.items()})
         records.append(record)
-        _log(f"[statistics] {args.kind} of {meta['task']} on {len(chosen)} {args.source} examples"
-             + (f", sigma {sigma:.3f}, total epsilon {record['total_epsilon']}" if sigma else ""))
+        source = f"public {public['task']}" if public is not None else "private (Poisson-sampled)"
+        count = len(chosen) if public is not None else f"~{args.examples} (expected)"
+        _log(f"[statistics] {args.kind} of {meta['task']} on {count} {source} examples"
+             + (f", sigma {sigma:.3f}, total epsilon {record['total_epsilon']:.4f}" if sigma else ""))
     meta = {"artifact": "merge_statistics", "kind": args.kind, "source": args.source,
             "tasks": [m["task"] for m in metas], "records": records, **_identity(metas[0]),
             "pretrained_sha256": metas[0]["pretrained_sha256"]}
+    if public is not None:
+        meta["public_dataset"] = public["task"]
     save_tensors(args.out, tensors, meta)
     _log(f"[statistics] wrote {args.out}")
 
@@ -856,8 +900,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-train", type=int, default=None, help="cap on training examples (seeded subset; 0 = no cap)")
     p.add_argument("--max-test", type=int, default=None, help="cap on test examples (seeded subset; 0 = no cap)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the seeded subsets (the train/test split itself is fixed per task)")
-    p.add_argument("--public-examples", type=int, default=0,
-                   help="training examples held out of private training as public data for merge statistics")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True, help="output .pt file")
 
@@ -899,9 +941,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", required=True,
                    help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor; a sensitivity run's label such as "
                         "dp_merging-rho0.1 or dp_merging-lambda0.5 must match the value in --hparams")
-    p.add_argument("--epsilon", type=float, default=None, help="target epsilon (delta = 1/N)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hparams", default="{}", help="JSON of FinetuneConfig fields (epochs, batch_size, lr, ...)")
+    p.add_argument("--epsilon", type=float, default=None,
+                   help="target epsilon (delta = 1/N unless --hparams gives delta <= 1/N)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="repetition index, recorded in the release (default 0); the randomness comes from the "
+                        "study key, not from this number")
+    p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
+    p.add_argument("--hparams", default="{}",
+                   help="JSON of FinetuneConfig fields (epochs, batch_size, lr, neighbouring, rng, ...)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out-vector", required=True, help="task vector .safetensors")
     p.add_argument("--out-head", required=True, help="task head .safetensors")
@@ -933,10 +980,14 @@ def build_parser() -> argparse.ArgumentParser:
             "with each task's fine-tuning budget; the total is recorded).")
     p.add_argument("--kind", required=True, choices=["gram", "fisher"])
     p.add_argument("--source", required=True, choices=["public", "private"])
-    p.add_argument("--examples", type=int, default=256, help="examples per task (seeded subsample)")
+    p.add_argument("--examples", type=int, default=256,
+                   help="examples per task (default 256): private, the expected size of a Poisson sample at rate "
+                        "examples/N; public, the size of a fixed subset of the public dataset")
     p.add_argument("--clip-norm", type=float, help="private: L2 bound of each example's whole contribution")
     p.add_argument("--epsilon", type=float, help="private: the statistic's own epsilon at the task's delta")
-    p.add_argument("--seed", type=int, default=0, help="seed of the subsample and the noise")
+    p.add_argument("--study-key", help="private: " + STUDY_KEY_HELP)
+    p.add_argument("--public-data", help="public: the prepared file ('dpmerge prepare') of a dataset declared "
+                                         "public, outside every private training set")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--task-vectors", nargs="+", required=True)

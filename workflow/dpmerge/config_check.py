@@ -44,6 +44,12 @@ def check_config(config: dict) -> None:
     Raises ConfigError, or snakemake's WorkflowError for a schema violation."""
     from snakemake.utils import validate
 
+    if "public_examples" in (config.get("data") or {}):
+        raise ConfigError(
+            "data.public_examples is gone: examples held out of a private training split are private (people of "
+            "the same private population), never public data. Give RegMean / Fisher statistics {data: private, "
+            "clip_norm: C, epsilon: E} (privatized and composed), or declare a public dataset outside every "
+            "private training set with backbones.<name>.public_data and use {data: public}")
     validate(config, schema=str(SCHEMA))
     _check_backbones(config)
     _check_merges(config)
@@ -71,6 +77,18 @@ def _check_backbones(config):
             if TASKS[task].modality != modality:
                 raise ConfigError(f"backbones.{name}.tasks: {task!r} is a {TASKS[task].modality} task, "
                                   f"but {backbone['kind']!r} is a {modality} backbone")
+        public = backbone.get("public_data")
+        if public is not None:
+            private = {task: other for other, entry in config["backbones"].items() for task in entry["tasks"]}
+            if public not in TASKS:
+                raise ConfigError(f"backbones.{name}.public_data: unknown dataset {public!r}; known: "
+                                  f"{', '.join(sorted(TASKS))}")
+            if public in private:
+                raise ConfigError(f"backbones.{name}.public_data: {public!r} is a private task (of backbone "
+                                  f"{private[public]!r}); public data must lie outside every private training set")
+            if TASKS[public].modality != modality:
+                raise ConfigError(f"backbones.{name}.public_data: {public!r} is a {TASKS[public].modality} "
+                                  f"dataset, but {backbone['kind']!r} is a {modality} backbone")
 
 
 def _check_merges(config):
@@ -84,10 +102,12 @@ def _check_merges(config):
             if statistics is None:
                 raise ConfigError(
                     f"merge.{name}: {operator} needs data statistics; add statistics: "
-                    "{data: public} (examples held out of private training, see data.public_examples) or "
-                    "{data: private, clip_norm: C, epsilon: E} (privatized, composed with each task's budget)")
-            if statistics["data"] == "public" and not config["data"]["public_examples"]:
-                raise ConfigError(f"merge.{name}.statistics.data: public needs data.public_examples > 0")
+                    "{data: private, clip_norm: C, epsilon: E} (privatized, composed with each task's budget) or "
+                    "{data: public} (a dataset each backbone declares public: backbones.<name>.public_data)")
+            lacking = [b for b, entry in config["backbones"].items() if "public_data" not in entry]
+            if statistics["data"] == "public" and lacking:
+                raise ConfigError(f"merge.{name}.statistics.data: public needs a dataset declared public for every "
+                                  f"backbone; backbones.{lacking[0]}.public_data is not set")
             if statistics["data"] == "private" and not {"clip_norm", "epsilon"} <= set(statistics):
                 raise ConfigError(f"merge.{name}.statistics: data: private needs clip_norm and epsilon")
         elif statistics is not None:

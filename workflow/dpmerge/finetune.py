@@ -14,10 +14,16 @@ the two DP-SAM queries is visible and accounted (see privacy.py). Normalising by
 
 Methods (`METHODS`): nonprivate (plain AdamW), naive_dp (Eq. 4 + AdamW), dp_merging (Eq. 4-7),
 dp_sam (w/o alignment: lambda = 0) and dp_anchor (w/o flatness: anchor on one query per step).
+
+Randomness: the Poisson sampler, the Gaussian noise and the head's initial weights draw from streams keyed by
+the study's secret key and the fine-tune's full identity (randomness.py), never from the `seed` a release
+records (the repetition index). What is spent is computed from the queries the loop counted, not from the
+configured steps, and a release above its target is refused.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import time
@@ -31,7 +37,11 @@ from dpmerge.backbones import Backbone, TaskModel
 from dpmerge.losses import task_loss
 from dpmerge.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.persample import STRATEGIES, make_clipper
-from dpmerge.privacy import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
+from dpmerge.privacy import (
+    NEIGHBOURING, calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon_of_steps,
+)
+from dpmerge.randomness import RNG_MODES, MechanismRandomness
+from dpmerge.study_key import mechanism_fingerprint
 from dpmerge.taskvectors import atomic_write, tensors_sha256
 
 # Opacus's backward hooks fire on the first trainable module, whose input (cached trunk features) never
@@ -52,8 +62,10 @@ class FinetuneConfig:
     rho: float = 0.05  # SAM radius (paper: 0.05)
     anchor_lambda: float = 0.05  # anchor strength lambda (paper: 0.05)
     accountant: str = "rdp"
-    delta: float | None = None  # None -> 1/N
-    seed: int = 0
+    delta: float | None = None  # None -> 1/N (the paper's); an explicit delta must be <= 1/N
+    neighbouring: str = "add_remove"  # or "replace_one": sensitivity 2C, sigma doubled (privacy.py)
+    rng: str = "keyed"  # "secure": sampler and noise from a CSPRNG (randomness.py)
+    seed: int = 0  # repetition index; the randomness comes from the study key, not from this number
     log_every: int = 10
     per_sample_gradients: str = "auto"  # auto -> the backbone's choice; see persample.py (results identical)
 
@@ -66,6 +78,11 @@ class FinetuneConfig:
             raise ValueError(f"unknown method {self.method!r}; known methods: {', '.join(METHODS)}")
         if METHODS[self.method].private and not (self.target_epsilon and self.target_epsilon > 0):
             raise ValueError(f"method {self.method!r} needs a target epsilon > 0, got {self.target_epsilon}")
+        if self.neighbouring not in NEIGHBOURING:
+            raise ValueError(f"privacy.neighbouring must be one of {', '.join(NEIGHBOURING)}, "
+                             f"got {self.neighbouring!r}")
+        if self.rng not in RNG_MODES:
+            raise ValueError(f"privacy.rng must be one of {', '.join(RNG_MODES)}, got {self.rng!r}")
         if self.per_sample_gradients not in ("auto", *STRATEGIES):
             raise ValueError(
                 f"finetune.per_sample_gradients must be 'auto' or one of {', '.join(STRATEGIES)}, "
@@ -93,14 +110,16 @@ def privatized_gradient(
     clip_norm: float,
     noise_multiplier: float,
     expected_batch_size: float,
-    generator: torch.Generator,
+    noise,
 ) -> list[torch.Tensor]:
-    """Eq. (4): g~ = (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B. One query of the Gaussian mechanism."""
+    """Eq. (4): g~ = (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B. One query of the Gaussian mechanism.
+
+    `noise` is a secret stream (randomness.py: `normal(shape, dtype, device)`), never a publicly seeded one.
+    """
     summed = clipped_gradient_sum(clipper, features, labels, clip_norm)
     # In place on the fresh sums: at ViT/RoBERTa scale every extra full-size temporary costs measurable time.
     for s in summed:
-        s.add_(torch.randn(s.shape, generator=generator, dtype=s.dtype, device=s.device),
-               alpha=noise_multiplier * clip_norm)
+        s.add_(noise.normal(s.shape, s.dtype, s.device), alpha=noise_multiplier * clip_norm)
         s.div_(expected_batch_size)
     return summed
 
@@ -126,9 +145,10 @@ def perturbed(params: list[torch.Tensor], perturbation: list[torch.Tensor]):
             torch._foreach_copy_(params, saved)
 
 
-def poisson_batch(num_examples: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices of a Poisson-sampled batch: each example independently with probability q (size varies)."""
-    return torch.nonzero(torch.rand(num_examples, generator=generator) < sample_rate).flatten()
+def poisson_batch(num_examples: int, sample_rate: float, sampler) -> torch.Tensor:
+    """Indices of a Poisson-sampled batch: each example independently with probability q (size varies).
+    `sampler` is a secret stream (randomness.py): amplification by subsampling needs the batch to be secret."""
+    return torch.nonzero(sampler.uniform(num_examples).cpu() < sample_rate).flatten()
 
 
 def add_anchor(update, params, anchors, anchor_lambda: float):
@@ -196,10 +216,13 @@ def method_update(method: Method, query, params, anchors, features, labels, rho:
 # ------------------------------------------------------------------------------------------------ training
 
 
-def _save_checkpoint(path: Path, fingerprint: dict, step: int, params, optimizer, sampler, noise) -> None:
+def _save_checkpoint(path: Path, fingerprint: dict, step: int, steps_by_queries: dict, params, optimizer, sampler,
+                     noise) -> None:
+    # Private (it holds the generators' states): never a release, kept under the results folder's checkpoints/.
     state = {
         "fingerprint": fingerprint,
         "step": step,
+        "steps_by_queries": dict(steps_by_queries),
         "params": [p.detach().cpu() for p in params],
         "optimizer": optimizer.state_dict(),
         "sampler": sampler.get_state(),
@@ -233,12 +256,23 @@ class TrainingResult:
     losses: list[float]  # non-private training losses (local diagnostics; never released)
 
 
+def finetune_identity(config: FinetuneConfig, identity: dict, pretrained_sha256: str) -> dict:
+    """Everything that makes a fine-tune this mechanism and no other: the caller's names (backbone, task, method
+    label), the pretrained weights and every setting (target epsilon, seed index, sweep values, lr, ...). Two
+    fine-tunes that differ in any of them draw independent randomness under one study key."""
+    settings = {k: v for k, v in asdict(config).items() if k != "log_every"}  # logging is not the mechanism
+    return {"mechanism": "finetune", **identity, "pretrained_sha256": pretrained_sha256, "settings": settings}
+
+
 def finetune(
     backbone: Backbone,
     num_classes: int,
     train_features: tuple[torch.Tensor, ...],
     train_labels: torch.Tensor,
     config: FinetuneConfig,
+    *,
+    study_key: bytes,
+    identity: dict,
     log=print,
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 10,
@@ -246,6 +280,10 @@ def finetune(
     train_head: bool = True,
 ) -> TrainingResult:
     """Fine-tune the backbone's top and a head on one task; return the task vector and privacy record.
+
+    `study_key` (study_key.py) and `identity` (at least the backbone's and the task's names, and the method's
+    label) key every random draw: the same key and identity reproduce the run bit for bit, anyone without the
+    key cannot replay it, and any other identity draws independent randomness.
 
     The head starts from `head` when given (a CLIP zero-shot head, computed from public weights) and is
     frozen with ``train_head=False``, as the paper does for CLIP; otherwise it is a fresh head trained with the
@@ -261,20 +299,25 @@ def finetune(
     num_examples = int(train_labels.shape[0])
     if config.batch_size > num_examples:
         raise ValueError(f"batch_size {config.batch_size} exceeds the {num_examples} training examples")
-    if config.delta is not None and method.private and not 0 < config.delta < 1.0 / num_examples:
-        raise ValueError(f"delta must be in (0, 1/N) = (0, {1.0 / num_examples:.3g}), got {config.delta}")
+    # delta <= 1/N: a larger delta admits mechanisms that publish one whole example outright. The default is the
+    # paper's 1/N; the tolerance lets a delta typed as 1/N's decimal expansion pass.
+    if config.delta is not None and method.private and not 0 < config.delta <= (1.0 / num_examples) * (1 + 1e-9):
+        raise ValueError(f"finetune.delta must be in (0, 1/N] = (0, {1.0 / num_examples:.6g}] for N = "
+                         f"{num_examples} training examples, got {config.delta}")
     sample_rate = config.batch_size / num_examples
     steps = max(1, round(config.epochs / sample_rate))
     delta = config.delta if config.delta is not None else 1.0 / num_examples
 
     device = backbone.device
-    torch.manual_seed(config.seed)  # head initialisation
-    sampler = torch.Generator().manual_seed(config.seed)
-    # On the training device: the noise is drawn where the gradients are (same stream on resume).
-    noise = torch.Generator(device=device).manual_seed(config.seed + 1_000_003)
+    mechanism = finetune_identity(config, identity, backbone.checkpoint_sha256)
+    randomness = MechanismRandomness(study_key, mechanism, config.rng)
+    sampler = randomness.stream("poisson_sampler", "cpu")
+    noise = randomness.stream("gaussian_noise", device)  # drawn where the gradients are (same stream on resume)
 
     pretrained = backbone.top_state()
-    model = TaskModel(backbone, num_classes)
+    with torch.random.fork_rng(devices=[]):  # the head's initial weights, without touching the caller's RNG
+        torch.manual_seed(randomness.seed("head_init"))
+        model = TaskModel(backbone, num_classes)
     if head is not None:
         model.head.load_state_dict(head)
     model.head.requires_grad_(train_head)
@@ -292,21 +335,30 @@ def finetune(
 
     if method.private:
         sigma = calibrate_noise_multiplier(
-            config.target_epsilon, delta, sample_rate, steps, method.queries_per_step, config.accountant
+            config.target_epsilon, delta, sample_rate, steps, method.queries_per_step, config.accountant,
+            config.neighbouring,
         )
     else:
         sigma = 0.0
     log(
         f"[finetune] method={config.method} N={num_examples} q={sample_rate:.5f} steps={steps} "
         f"sigma={sigma:.4f} queries/step={method.queries_per_step} delta={delta:.3g}"
-        + (f" per-sample={strategy}" if method.private else "")
+        + (f" neighbouring={config.neighbouring} randomness={config.rng} per-sample={strategy}"
+           if method.private else "")
         + f" device={device} precision={backbone.precision}"
     )
 
+    # What the accountant is charged comes from here, not from the configuration: every privatized query is
+    # counted per step, and steps_by_queries[k] = how many steps made k queries on their batch.
+    queries_this_step = 0
+    steps_by_queries: collections.Counter = collections.Counter()
+
     def private_query(features, labels):
+        nonlocal queries_this_step
+        queries_this_step += 1
         return privatized_gradient(
             per_sample, features, labels, clip_norm=config.clip_norm, noise_multiplier=sigma,
-            expected_batch_size=config.batch_size, generator=noise,
+            expected_batch_size=config.batch_size, noise=noise,
         )
 
     def nonprivate_gradient(features, labels):
@@ -323,6 +375,8 @@ def finetune(
         # Identifies the run a checkpoint belongs to; hashing the data is only worth it when resuming is on.
         fingerprint = {
             "config": asdict(config),
+            # the same study key and mechanism identity, or the resumed streams would not be this run's
+            "randomness": mechanism_fingerprint(study_key, mechanism),
             "num_examples": num_examples,
             "data_sha256": tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}}),
             "pretrained_sha256": backbone.checkpoint_sha256,
@@ -343,6 +397,7 @@ def finetune(
             sampler.set_state(state["sampler"])
             noise.set_state(state["noise"])
             first_step = state["step"]
+            steps_by_queries.update(state["steps_by_queries"])
             log(f"[finetune] resumed from {checkpoint} at step {first_step}/{steps}")
 
     try:
@@ -353,21 +408,26 @@ def finetune(
             batch = poisson_batch(num_examples, sample_rate, sampler)
             features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
             labels = train_labels[batch].to(device)
+            queries_this_step = 0
             update = method_update(method, query, params, anchors, features, labels, config.rho, config.anchor_lambda)
+            steps_by_queries[queries_this_step] += 1
             for p, u in zip(params, update):
                 p.grad = u
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
-                _save_checkpoint(checkpoint, fingerprint, step + 1, params, optimizer, sampler, noise)
+                _save_checkpoint(checkpoint, fingerprint, step + 1, steps_by_queries, params, optimizer, sampler,
+                                 noise)
             if step % config.log_every == 0 or step == steps - 1:
                 # Progress for the local log only: this loss is NOT privatized and must never be released.
                 with torch.no_grad(), backbone.autocast():
                     loss = task_loss(model(*features), labels).item() if labels.numel() else float("nan")
                 losses.append(loss)
+                elapsed = time.time() - started
+                rate = (step + 1 - first_step) / elapsed if elapsed > 0 else float("inf")
                 log(
                     f"[finetune] step {step + 1}/{steps} batch={labels.numel()} loss={loss:.4f} "
-                    f"elapsed={time.time() - started:.1f}s"
+                    f"elapsed={elapsed:.1f}s ({rate:.2f} steps/s, eta {(steps - step - 1) / rate:.0f}s)"
                 )
     except BaseException:
         backbone.load_top_state(pretrained)  # the shared backbone must not keep a half-trained top
@@ -376,15 +436,17 @@ def finetune(
         if per_sample is not None:
             per_sample.close()  # remove hooks: the backbone is shared with later models in this process
 
-    spent = (
-        spent_epsilon(sigma, sample_rate, steps, delta, method.queries_per_step, config.accountant)
-        if method.private
-        else math.inf
-    )
-    if method.private and spent > config.target_epsilon:
-        raise RuntimeError(
-            f"refusing to release: spent epsilon {spent:.4f} exceeds target {config.target_epsilon}"
-        )
+    ran = {int(k): int(n) for k, n in sorted(steps_by_queries.items()) if k > 0}
+    if method.private:
+        spent = spent_epsilon_of_steps(sigma, sample_rate, ran, delta, config.accountant, config.neighbouring)
+        if spent > config.target_epsilon:
+            backbone.load_top_state(pretrained)
+            raise RuntimeError(
+                f"refusing to release: the {sum(ran.values())} steps that ran made {dict(ran)} (queries per step: "
+                f"steps), which spends epsilon {spent:.4f} > target {config.target_epsilon}"
+            )
+    else:
+        spent = math.inf
     finetuned = backbone.top_state()
     task_vector = {name: finetuned[name] - pretrained[name] for name in pretrained}
     head = {name: value.detach().to("cpu", copy=True) for name, value in model.head.state_dict().items()}
@@ -395,13 +457,18 @@ def finetune(
         "spent_epsilon": spent if method.private else "inf",
         "delta": delta if method.private else 0.0,
         "noise_multiplier": sigma,
-        "effective_noise_multiplier": effective_noise_multiplier(sigma, method.queries_per_step),
+        "effective_noise_multiplier": effective_noise_multiplier(sigma, method.queries_per_step,
+                                                                 config.neighbouring),
         "sample_rate": sample_rate,
-        "steps": steps,
+        "steps": sum(steps_by_queries.values()),
         "clip_norm": config.clip_norm if method.private else None,
         "queries_per_step": method.queries_per_step,
+        # what ran, as the accountant was charged: {queries made on one batch: steps}
+        "steps_by_queries": {str(k): n for k, n in ran.items()},
         "accountant": config.accountant if method.private else None,
         "sampling": "poisson",
+        "neighbouring": config.neighbouring,
+        "randomness": config.rng,
         "seed": config.seed,
         "rho": config.rho if method.sharpness_aware else 0.0,
         "anchor_lambda": config.anchor_lambda if method.anchored else 0.0,

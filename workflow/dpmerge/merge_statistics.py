@@ -4,14 +4,15 @@ RegMean (Jin et al., ICLR 2023) needs, per linear layer and task, the Gram matri
 in the task's fine-tuned model; Fisher merging (Matena & Raffel, NeurIPS 2022) needs each task model's diagonal
 Fisher information. Both come from data, so they are either
 
-- computed on *public* data: the training examples `dpmerge prepare --public-examples` held out of private
-  training (disjoint from every private training subset by construction), at no privacy cost; or
-- computed on the task's *private* training data and privatized: each example's whole contribution (all
-  layers' Gram contributions, or its Fisher contribution vector) is clipped jointly to L2 norm C, the sum gets
-  Gaussian noise N(0, sigma^2 C^2) per entry, and the release is accounted as one Gaussian mechanism (sample
-  rate 1, one step) composed with that task's fine-tuning (privacy.composed_epsilon); the total is recorded.
-
-Statistics are means over the examples used (the count is public: it is part of every privacy record).
+- computed on *public* data: a dataset the user declares public (`backbones.<name>.public_data`), outside
+  every private training set, at no privacy cost. A held-out slice of a private training split is not public:
+  its examples are people of the same private population; or
+- computed on the task's *private* training data and privatized: a Poisson sample at rate q = m/N drawn from
+  the study key (cli.cmd_statistics), each example's whole contribution (all layers' Gram contributions, or its
+  Fisher contribution vector) clipped jointly to L2 norm C, Gaussian noise N(0, sigma^2 C^2) on every entry of
+  the sum, and a mean over the expected count m = qN (data-independent, as a fine-tune's normaliser is). It is
+  accounted as one Poisson-subsampled Gaussian step, composed with that task's fine-tuning by the same
+  accountant (privacy.composed_epsilon); the total is recorded.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def _input_rows(recorded: torch.Tensor, module: nn.Module, token_weights: torch.
     return rows
 
 
-def _noise_like(tensor: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
-    return std * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+def _noise_like(tensor: torch.Tensor, std: float, noise) -> torch.Tensor:
+    return std * noise.normal(tensor.shape, tensor.dtype, tensor.device)
 
 
 @torch.no_grad()
@@ -63,23 +64,28 @@ def gram_statistics(
     features: tuple[torch.Tensor, ...],
     clip_norm: float | None = None,
     noise_multiplier: float = 0.0,
-    generator: torch.Generator | None = None,
+    noise=None,
     batch_size: int = 32,
+    normaliser: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Mean over examples of each RegMean layer's input Gram sum_positions x x^T (backbone top as loaded).
 
     With clip_norm, example e's contributions {X_e^T X_e} over all layers are scaled jointly to Frobenius norm
     <= clip_norm (the norm via ||X^T X||_F = ||X X^T||_F, never forming per-example in x in matrices), and each
-    summed Gram gets symmetric Gaussian noise of std noise_multiplier * clip_norm per entry before the mean.
+    summed Gram gets symmetric Gaussian noise of std noise_multiplier * clip_norm per entry (from the secret
+    stream `noise`, randomness.py) before the mean. The sum is divided by `normaliser` (default: the number of
+    examples; a private statistic passes its expected sample size).
     """
     layers = regmean_layers(backbone)
     recorded: dict[str, torch.Tensor] = {}
     hooks = [module.register_forward_hook(lambda m, args, out, key=key: recorded.__setitem__(key, args[0].detach()))
              for key, module in layers.items()]
-    sums: dict[str, torch.Tensor] = {}
-    count = features[0].shape[0]
+    # Zeros first: a Poisson sample may be empty, and every layer's Gram must still be released (noise only).
+    sums = {key: torch.zeros(m.weight.shape[1], m.weight.shape[1], device=backbone.device) for key, m in layers.items()}
+    examples = features[0].shape[0]
+    count = examples if normaliser is None else normaliser
     try:
-        for start in range(0, count, batch_size):
+        for start in range(0, examples, batch_size):
             batch = tuple(f[start:start + batch_size].to(backbone.device) for f in features)
             recorded.clear()
             backbone.top(*batch)
@@ -91,15 +97,15 @@ def gram_statistics(
                 rows = {key: x * scale.sqrt()[:, None, None] for key, x in rows.items()}
             for key, x in rows.items():
                 flat = x.reshape(-1, x.shape[-1])
-                sums[key] = sums.get(key, 0) + flat.T @ flat
+                sums[key] += flat.T @ flat
     finally:
         for hook in hooks:
             hook.remove()
     sums = {key: total.cpu() for key, total in sums.items()}  # noise is drawn on the CPU generator
     if clip_norm is not None and noise_multiplier > 0:
         for key, total in sums.items():
-            noise = _noise_like(total, noise_multiplier * clip_norm, generator)
-            sums[key] = total + (noise + noise.T) / 2  # noise on every entry, symmetrised (post-processing)
+            drawn = _noise_like(total, noise_multiplier * clip_norm, noise)
+            sums[key] = total + (drawn + drawn.T) / 2  # noise on every entry, symmetrised (post-processing)
     return {key: (total / count).cpu() for key, total in sums.items()}
 
 
@@ -109,16 +115,18 @@ def fisher_statistics(
     features: tuple[torch.Tensor, ...],
     clip_norm: float | None = None,
     noise_multiplier: float = 0.0,
-    generator: torch.Generator | None = None,
+    noise=None,
     batch_size: int = 16,
+    normaliser: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Mean over examples of the diagonal Fisher of the task model (top as loaded + head) for every trainable
     top parameter: E_x sum_y p(y|x) (d log p(y|x) / d theta)^2, the expectation over the model's own predictive
     distribution taken exactly (no labels needed, so public data may be unlabelled).
 
     With clip_norm, each example's contribution vector (all parameters) is scaled to L2 norm <= clip_norm, and
-    the sum gets Gaussian noise of std noise_multiplier * clip_norm per entry; negative noisy values are set
-    to 0 (post-processing).
+    the sum gets Gaussian noise of std noise_multiplier * clip_norm per entry (from the secret stream `noise`);
+    negative noisy values are set to 0 (post-processing). The sum is divided by `normaliser` (default: the
+    number of examples).
     """
     if backbone.head_outputs(head) == 1:
         raise ValueError("Fisher merging needs a classification head: a regression head (STS-B) has no predictive "
@@ -136,8 +144,9 @@ def fisher_statistics(
 
     per_example_gradient = torch.func.vmap(class_gradient, in_dims=(None, None) + (0,) * len(features))
     sums = {name: torch.zeros_like(p) for name, p in trainable.items()}
-    count = features[0].shape[0]
-    for start in range(0, count, batch_size):
+    examples = features[0].shape[0]
+    count = examples if normaliser is None else normaliser
+    for start in range(0, examples, batch_size):
         batch = tuple(f[start:start + batch_size].to(backbone.device) for f in features)
         with torch.no_grad():
             probabilities = torch.func.vmap(lambda *x: log_probs(trainable, *x).exp())(*batch)  # (B, classes)
@@ -155,5 +164,5 @@ def fisher_statistics(
             sums[name] += c.sum(0)
     sums = {name: total.cpu() for name, total in sums.items()}  # noise is drawn on the CPU generator
     if clip_norm is not None and noise_multiplier > 0:
-        sums = {n: (s + _noise_like(s, noise_multiplier * clip_norm, generator)).clamp(min=0) for n, s in sums.items()}
+        sums = {n: (s + _noise_like(s, noise_multiplier * clip_norm, noise)).clamp(min=0) for n, s in sums.items()}
     return {name.removeprefix(prefix): (total / count).cpu() for name, total in sums.items()}

@@ -1097,6 +1097,14 @@ _FILLER = (
 _CUES = ("amber", "cobalt", "violet", "scarlet", "olive", "silver")
 
 
+def standin_tokenizer_corpus() -> list[str]:
+    """Public text to train the stand-in RoBERTa's tokenizer on: the stand-in generator's own vocabulary (code
+    constants), word by word and in pairs, never the generated training sentences, so no tokenizer merge is a
+    statistic of a (stand-in) private training set."""
+    words = [*_FILLER, *_CUES, "."]
+    return [" ".join(words), *(f"{a} {b}" for a in words for b in words)]
+
+
 def _write_glue(name: str, target: Path, rng: np.random.Generator, n_train: int, n_test: int) -> None:
     import datasets
 

@@ -13,6 +13,16 @@ noise N(0, sigma^2 C^2 I):
 We therefore account a step of k queries at noise multiplier sigma as ONE step of the subsampled Gaussian at
 sigma/sqrt(k). Opacus's accountant hooks on the optimizer count one query per optimizer step and are never
 used here; we drive its accountants directly with the effective noise multiplier.
+
+Neighbouring relation (`NEIGHBOURING`). `add_remove` (default, as Opacus and TF Privacy account): two datasets
+are neighbours if one is the other plus one example; the dataset size N is treated as public (it sets q = B/N,
+delta = 1/N and the normaliser B, and records carry it). `replace_one`: one example replaced by another; a query's
+sensitivity is then 2C, which the accountant sees as the add/remove mechanism at sigma/2 (paper, App. C.1), so
+sigma_replace = 2 sigma_add_remove for the same epsilon. That is conservative: Google's dp_accounting PLD, which
+accounts Poisson sampling under replacement exactly, gives a smaller epsilon at the same sigma (tested).
+
+What is spent is computed from what ran (`spent_epsilon_of_steps`): the training loop counts the queries each
+step made, and every distinct count k contributes its steps at sigma/sqrt(k).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
 ACCOUNTANTS = ("rdp", "prv")
+NEIGHBOURING = ("add_remove", "replace_one")
 
 # Opacus's default Renyi orders stop at 63; with few steps or small q the optimum lies beyond, and the bound is
 # then needlessly loose. A wider grid only tightens it (every order gives a valid bound).
@@ -38,11 +49,24 @@ def _check_accountant(accountant: str) -> None:
         raise ValueError(f"unknown accountant {accountant!r}; known accountants: {', '.join(ACCOUNTANTS)}")
 
 
-def effective_noise_multiplier(noise_multiplier: float, queries_per_step: int) -> float:
-    """Noise multiplier of the single mechanism equivalent to `queries_per_step` queries on one batch."""
+def _check_neighbouring(neighbouring: str) -> None:
+    if neighbouring not in NEIGHBOURING:
+        raise ValueError(f"unknown neighbouring relation {neighbouring!r}; known: {', '.join(NEIGHBOURING)}")
+
+
+def sensitivity_in_clip_norms(neighbouring: str = "add_remove") -> int:
+    """L2 sensitivity of one clipped-sum query, in units of the clipping norm C."""
+    _check_neighbouring(neighbouring)
+    return 2 if neighbouring == "replace_one" else 1
+
+
+def effective_noise_multiplier(noise_multiplier: float, queries_per_step: int,
+                               neighbouring: str = "add_remove") -> float:
+    """Noise multiplier of the single add/remove mechanism equivalent to `queries_per_step` queries on one batch
+    (divided by the sensitivity in clip norms: 2 under replace_one)."""
     if queries_per_step < 1:
         raise ValueError(f"queries_per_step must be >= 1, got {queries_per_step}")
-    return noise_multiplier / math.sqrt(queries_per_step)
+    return noise_multiplier / math.sqrt(queries_per_step) / sensitivity_in_clip_norms(neighbouring)
 
 
 def spent_epsilon(
@@ -52,6 +76,7 @@ def spent_epsilon(
     delta: float,
     queries_per_step: int = 1,
     accountant: str = "rdp",
+    neighbouring: str = "add_remove",
 ) -> float:
     """epsilon spent after `steps` Poisson-subsampled steps.
 
@@ -62,13 +87,26 @@ def spent_epsilon(
         delta: target delta (we use 1/N per task).
         queries_per_step: gradient queries per step on the same batch (2 for DP-SAM).
         accountant: "rdp" (Renyi DP, Mironov 2017) or "prv" (privacy random variables, Gopi et al. 2021).
+        neighbouring: "add_remove" or "replace_one" (see the module docstring).
     """
+    return spent_epsilon_of_steps(noise_multiplier, sample_rate, {queries_per_step: steps}, delta, accountant,
+                                  neighbouring)
+
+
+def spent_epsilon_of_steps(
+    noise_multiplier: float,
+    sample_rate: float,
+    steps_by_queries: dict[int, int],
+    delta: float,
+    accountant: str = "rdp",
+    neighbouring: str = "add_remove",
+) -> float:
+    """epsilon spent by the steps that ran: `steps_by_queries` maps k (queries made on one Poisson batch) to how
+    many steps made k queries; each such step is one subsampled Gaussian at sigma/sqrt(k)."""
     _check_accountant(accountant)
-    if steps == 0:
-        return 0.0
-    ledger = create_accountant(accountant)
-    ledger.history = [(effective_noise_multiplier(noise_multiplier, queries_per_step), sample_rate, steps)]
-    return float(ledger.get_epsilon(delta=delta, **_epsilon_options(accountant)))
+    mechanisms = [(effective_noise_multiplier(noise_multiplier, int(k), neighbouring), sample_rate, int(steps))
+                  for k, steps in steps_by_queries.items() if int(k) > 0 and int(steps) > 0]
+    return composed_epsilon(mechanisms, delta, accountant)
 
 
 def calibrate_noise_multiplier(
@@ -78,9 +116,11 @@ def calibrate_noise_multiplier(
     steps: int,
     queries_per_step: int = 1,
     accountant: str = "rdp",
+    neighbouring: str = "add_remove",
 ) -> float:
     """Smallest per-query sigma (to Opacus's search tolerance) whose spent epsilon stays <= target_epsilon."""
     _check_accountant(accountant)
+    _check_neighbouring(neighbouring)
     if not target_epsilon > 0:
         raise ValueError(f"target epsilon must be > 0, got {target_epsilon}")
     if not 0 < delta < 1:
@@ -95,9 +135,9 @@ def calibrate_noise_multiplier(
         accountant=accountant,
         **_epsilon_options(accountant),
     )
-    sigma = sigma_one_query * math.sqrt(queries_per_step)
+    sigma = sigma_one_query * math.sqrt(queries_per_step) * sensitivity_in_clip_norms(neighbouring)
     # The binary search lands at or under target; re-check the exact value we will use.
-    spent = spent_epsilon(sigma, sample_rate, steps, delta, queries_per_step, accountant)
+    spent = spent_epsilon(sigma, sample_rate, steps, delta, queries_per_step, accountant, neighbouring)
     if spent > target_epsilon:
         raise RuntimeError(f"calibration failed: sigma={sigma:.4f} spends epsilon={spent:.4f} > {target_epsilon}")
     return float(sigma)
@@ -105,8 +145,9 @@ def calibrate_noise_multiplier(
 
 def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, accountant: str = "rdp") -> float:
     """epsilon of running every mechanism (noise multiplier, sample rate, steps) on the same dataset, composed by
-    the accountant (e.g. a task's fine-tuning followed by a privatized merge statistic at sample rate 1, 1 step).
-    Noise multipliers are the effective ones (see effective_noise_multiplier)."""
+    the accountant (e.g. a task's fine-tuning followed by a privatized merge statistic: one Poisson-subsampled
+    step). Noise multipliers are the effective ones (see effective_noise_multiplier); composition of independent
+    mechanisms, which holds because every mechanism draws its own keyed randomness (study_key.py)."""
     _check_accountant(accountant)
     mechanisms = [m for m in mechanisms if m[2] > 0]
     if not mechanisms:
@@ -114,3 +155,17 @@ def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, a
     ledger = create_accountant(accountant)
     ledger.history = [tuple(m) for m in mechanisms]
     return float(ledger.get_epsilon(delta=delta, **_epsilon_options(accountant)))
+
+
+def record_mechanisms(record: dict) -> list[tuple[float, float, int]]:
+    """The accountant's view of one release from its privacy record alone: (effective noise multiplier, sample
+    rate, steps) for every count of queries per step that ran (the record's `steps_by_queries`)."""
+    sigma, q, neighbouring = float(record["noise_multiplier"]), float(record["sample_rate"]), record["neighbouring"]
+    return [(effective_noise_multiplier(sigma, int(k), neighbouring), q, int(steps))
+            for k, steps in record["steps_by_queries"].items() if int(k) > 0 and int(steps) > 0]
+
+
+def record_epsilon(record: dict, accountant: str | None = None) -> float:
+    """epsilon recomputed from a privacy record (sigma, q, steps by queries, delta, relation), independently of
+    the epsilon the record claims."""
+    return composed_epsilon(record_mechanisms(record), float(record["delta"]), accountant or record["accountant"])

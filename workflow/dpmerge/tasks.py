@@ -115,10 +115,6 @@ class TaskData:
     train_labels: np.ndarray
     test_inputs: object
     test_labels: np.ndarray
-    # Held out of private training by load_task(public_examples=P): data a merge may use freely (RegMean Grams,
-    # Fisher) without spending privacy budget. Empty unless asked for.
-    public_inputs: object = ()
-    public_labels: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 # Constant seed for everything that defines a task's fixed split; combined
@@ -324,18 +320,16 @@ def _check_count(value: int | None, what: str) -> None:
         raise ValueError(f"{what} must be None (no cap) or a positive integer, got {value!r}")
 
 
-def _subset_indices(n: int, limit: int | None, rng: np.random.Generator, held_out: int = 0):
-    """(subset, held-out) indices: the last `held_out` of a seeded permutation are set aside, the subset is the
-    first `limit` of the rest.
+def _subset_indices(n: int, limit: int | None, rng: np.random.Generator) -> np.ndarray:
+    """The first `limit` indices of a seeded permutation (all of them without a limit), sorted.
 
     The full permutation is always drawn, so the subset for a given seed does not depend on how many examples
-    exist beyond ``limit``, smaller limits give nested subsets, and held_out = 0 leaves the subset as before.
+    exist beyond ``limit``, and smaller limits give nested subsets.
     """
     perm = rng.permutation(n)
-    kept, held = perm[: n - held_out], perm[n - held_out :]
     if limit is not None:
-        kept = kept[: min(limit, len(kept))]
-    return np.sort(kept), np.sort(held)
+        perm = perm[: min(limit, n)]
+    return np.sort(perm)
 
 
 def _take(raw: Any, idx: np.ndarray) -> Any:
@@ -351,7 +345,6 @@ def load_task(
     max_train: int | None = None,
     max_test: int | None = None,
     seed: int = 0,
-    public_examples: int = 0,
     data_dir: str | Path | None = None,
     workers: int = 1,
 ) -> TaskData:
@@ -360,9 +353,8 @@ def load_task(
     ``image_size`` sets the side of vision images (ignored for text).
     ``max_train`` / ``max_test`` (None = everything) keep a seeded random
     subset of the task's fixed train / test split; ``seed`` picks that subset
-    and nothing else, so the full split is identical for every seed.
-    ``public_examples`` sets that many training examples aside (seeded, disjoint from the private training
-    subset whatever ``max_train`` is) as public data for data-dependent merge operators.
+    and nothing else, so the full split is identical for every seed. The kept training subset *is* the task's
+    private dataset D_t: which examples it holds is part of the dataset's definition, not a mechanism.
     ``data_dir``: where the paper's datasets are (paper_data.py); ignored for the embedded tasks.
     ``workers``: threads decoding a paper dataset's images. Its inputs come back *lazy* (`LazyInputs`): images
     are decoded and resized only when a chunk is sliced, so a 100k-image train set never sits in memory whole.
@@ -382,17 +374,8 @@ def load_task(
     full = _paper_split(name, str(Path(data_dir).resolve()), workers) if spec.needs_data_dir else _full_split(name)
     # Separate streams for train and test so that max_train never changes
     # which test examples are drawn, and vice versa.
-    if isinstance(public_examples, bool) or not isinstance(public_examples, (int, np.integer)) or public_examples < 0:
-        raise ValueError(f"public_examples must be a non-negative integer, got {public_examples!r}")
-    if public_examples >= len(full.train_labels):
-        raise ValueError(
-            f"task {name!r} has {len(full.train_labels)} training examples; public_examples={public_examples} "
-            "would leave none for private training"
-        )
-    train_idx, public_idx = _subset_indices(
-        len(full.train_labels), max_train, np.random.default_rng([seed, 0]), held_out=public_examples
-    )
-    test_idx, _ = _subset_indices(len(full.test_labels), max_test, np.random.default_rng([seed, 1]))
+    train_idx = _subset_indices(len(full.train_labels), max_train, np.random.default_rng([seed, 0]))
+    test_idx = _subset_indices(len(full.test_labels), max_test, np.random.default_rng([seed, 1]))
     label_dtype = np.float32 if spec.is_regression else np.int64
     if spec.needs_data_dir and not spec.is_regression and len(full.class_names) != spec.num_classes:
         # A stand-in copy (paper_data.write_standin) may hold fewer classes than the real dataset: the head is
@@ -405,8 +388,6 @@ def load_task(
         train_labels=full.train_labels[train_idx].astype(label_dtype),
         test_inputs=full.render(_take(full.test_raw, test_idx), int(image_size)),
         test_labels=full.test_labels[test_idx].astype(label_dtype),
-        public_inputs=full.render(_take(full.train_raw, public_idx), int(image_size)) if len(public_idx) else (),
-        public_labels=full.train_labels[public_idx].astype(label_dtype),
     )
 
 
@@ -591,6 +572,9 @@ def _render_signals(signals: np.ndarray, lo: float, hi: float, size: int) -> np.
     return out
 
 
+MNIST1D_VALUE_RANGE = (-3.0, 3.0)
+
+
 def _build_mnist1d() -> _FullSplit:
     from mnist1d.data import get_dataset_args, make_dataset
 
@@ -606,11 +590,10 @@ def _build_mnist1d() -> _FullSplit:
 
     x_train = np.asarray(data["x"], dtype=np.float32)
     x_test = np.asarray(data["x_test"], dtype=np.float32)
-    # One global value range (from train only) keeps amplitudes comparable
-    # across images; percentiles rather than min/max because a few outliers
-    # would otherwise squash every curve into the middle of the canvas.
-    # Values outside the range are clipped to the canvas edge.
-    lo, hi = (float(v) for v in np.percentile(x_train, [0.5, 99.5]))
+    # One fixed value range for every image keeps amplitudes comparable. It is a public constant, not a
+    # statistic of the (private) training signals: MNIST-1D's generator puts about 99 % of signal values in
+    # [-3, 3]; a few outliers beyond are clipped to the canvas edge.
+    lo, hi = MNIST1D_VALUE_RANGE
 
     def render(raw: np.ndarray, size: int) -> np.ndarray:
         img = _render_signals(raw, lo, hi, size)[..., None]

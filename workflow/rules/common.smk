@@ -136,8 +136,10 @@ def finetune_settings(backbone, method):
 
 
 def finetune_hparams(wildcards):
-    """The release group's settings; a sensitivity label's value overrides them last."""
+    """The release group's settings, with the study's privacy settings (how the mechanism draws and which
+    neighbouring relation it is calibrated for); a sensitivity label's value overrides them last."""
     settings = finetune_settings(wildcards.backbone, method_of(wildcards.method))
+    settings.update(config["privacy"])
     settings.update(sensitivity_override(wildcards.method))
     return json.dumps(settings, sort_keys=True)
 
@@ -164,6 +166,9 @@ def per_task(pattern):
     return inputs
 
 
+# The study's secret key (dpmerge/study_key.py): created by the first job that needs it, never an output, passed
+# by path in commands (not a parameter: where it lies is not a setting of any result).
+STUDY_KEY = result("private/study.key")
 TV = result("taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 HEAD = result("heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 DATA = result("data/{backbone}/{task}.pt")
@@ -438,10 +443,21 @@ def statistics_params(wildcards):
     name = wildcards.operator
     settings = config["merge"][name]["statistics"]
     flags = [f"--kind {NEEDS_STATISTICS[merge_operator(name)]}", f"--source {settings['data']}",
-             f"--examples {settings.get('examples', 256)}", f"--seed {seed_number(wildcards)}"]
+             f"--examples {settings.get('examples', 256)}"]
     if settings["data"] == "private":
         flags += [f"--clip-norm {settings['clip_norm']}", f"--epsilon {settings['epsilon']}"]
     return " ".join(flags)
+
+
+def public_data_input(wildcards):
+    """The prepared dataset a backbone declares public, for merges whose statistics read public data."""
+    if config["merge"][wildcards.operator]["statistics"]["data"] != "public":
+        return []
+    return [DATA.format(backbone=wildcards.backbone, task=config["backbones"][wildcards.backbone]["public_data"])]
+
+
+def public_data_flag(wildcards, input):
+    return f"--public-data {input.public}" if input.public else ""
 
 
 def all_statistics():

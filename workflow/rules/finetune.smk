@@ -28,7 +28,6 @@ rule prepare:
         max_train=config["data"]["max_train"] or 0,
         max_test=config["data"]["max_test"] or 0,
         seed=config["data"]["seed"],
-        public=config["data"]["public_examples"],
     log:
         result("logs/prepare/{backbone}/{task}.log"),
     benchmark:
@@ -41,7 +40,7 @@ rule prepare:
     shell:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
-        "--data-seed {params.seed} --public-examples {params.public} " + DATA_DIR_ARGUMENT + " "
+        "--data-seed {params.seed} " + DATA_DIR_ARGUMENT + " "
         "--workers {threads} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -94,7 +93,7 @@ rule finetune:
     shell:
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
-        "--hparams {params.hparams:q} --threads {threads} "
+        "--hparams {params.hparams:q} --study-key {STUDY_KEY} --threads {threads} "
         "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} --checkpoint-every {config[checkpoint_every]} > {log} 2>&1"
 
 

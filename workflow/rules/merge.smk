@@ -8,11 +8,13 @@ rule merge_statistics:
         vectors=per_task(TV),
         heads=per_task(HEAD),
         data=per_task(DATA),
+        public=public_data_input,
     output:
         STATISTICS,
     params:
         spec=backbone_spec,
         flags=statistics_params,
+        public=public_data_flag,
     log:
         result("logs/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
@@ -23,7 +25,8 @@ rule merge_statistics:
         gpu=gpus,
         runtime="1h",
     shell:
-        "dpmerge statistics {params.flags} --backbone-spec {params.spec:q} --base {input.base} "
+        "dpmerge statistics {params.flags} {params.public} --study-key {STUDY_KEY} "
+        "--backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
         "-o {output} > {log} 2>&1"
 
