@@ -72,8 +72,10 @@ def main() -> None:
                 if backbone.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 lines: list[str] = []
-                result = finetune(backbone, args.classes, (images,), labels, config, log=lines.append, head=head,
-                                  train_head=False)
+                # timing only, nothing is released: a fixed key instead of a study's secret one
+                result = finetune(backbone, args.classes, (images,), labels, config, study_key=bytes(32),
+                                  identity={"bench": "gpu_readiness", "model": args.model}, log=lines.append,
+                                  head=head, train_head=False)
                 # The training loop's own clock (its last progress line, logged after a loss read-back that
                 # synchronises the device); noise calibration before the loop is not a per-step cost.
                 elapsed = float(re.search(r"elapsed=([0-9.]+)s", lines[-1]).group(1))
