@@ -145,20 +145,14 @@ def test_mechanisms_differing_in_any_one_setting_draw_different_batches_and_nois
 
 
 def test_a_private_statistic_draws_apart_from_its_fine_tune_and_from_another_kind():
-    from types import SimpleNamespace
-
-    from dpmerge.cli import _private_statistic_identity
+    from dpmerge.merge_statistics import statistic_identity
 
     meta = {"backbone": "effnet", "task": "digits", "method": "naive_dp", "rho": 0.0, "anchor_lambda": 0.0,
             "target_epsilon": 4.0, "seed": 0}
-    streams = {}
-    for kind in ("gram", "fisher"):
-        args = SimpleNamespace(kind=kind, examples=256, clip_norm=0.05, epsilon=1.0)
-        identity = _private_statistic_identity(args, meta, vector_sha256="abc")
-        streams[kind] = _draws(identity)
+    settings = {"examples": 256, "clip_norm": 0.05, "epsilon": 1.0}
+    streams = {kind: _draws(statistic_identity(kind, meta, "abc", settings)) for kind in ("gram", "fisher")}
     for method in ("dp_merging", "dp_sam"):  # the same task's statistics for two methods: independent noise
-        args = SimpleNamespace(kind="fisher", examples=256, clip_norm=0.05, epsilon=1.0)
-        streams[method] = _draws(_private_statistic_identity(args, {**meta, "method": method}, vector_sha256="abc"))
+        streams[method] = _draws(statistic_identity("fisher", {**meta, "method": method}, "abc", settings))
     streams["finetune"] = _draws(finetune_identity(BASE, NAMES, "w0"))
     noises = [noise for _, noise in streams.values()]
     assert all(not torch.equal(a, b) for i, a in enumerate(noises) for b in noises[i + 1:])

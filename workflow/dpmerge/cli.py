@@ -349,23 +349,10 @@ def cmd_merge(args) -> None:
          f"(streamed) -> {args.out}")
 
 
-def _private_statistic_identity(args, meta: dict, vector_sha256: str) -> dict:
-    """Everything that makes one task's private statistic this mechanism: its kind and settings, and the release
-    it is computed for (another method, budget, seed or sweep value of the same task is another mechanism)."""
-    return {"mechanism": "merge_statistic", "kind": args.kind, "backbone": meta.get("backbone"),
-            "task": meta["task"], "method": meta["method"], "rho": meta.get("rho"),
-            "anchor_lambda": meta.get("anchor_lambda"), "target_epsilon": meta["target_epsilon"],
-            "seed": meta["seed"], "task_vector_sha256": vector_sha256,
-            "settings": {"examples": args.examples, "clip_norm": args.clip_norm, "epsilon": args.epsilon}}
-
-
 def cmd_statistics(args) -> None:
     """Per-task RegMean Grams or Fisher diagonals of a release group's task models, public or privatized."""
     from dpmerge.evaluate import load_prepared
-    from dpmerge.finetune import poisson_batch
-    from dpmerge.merge_statistics import fisher_statistics, gram_statistics
-    from dpmerge.privacy import calibrate_noise_multiplier, composed_epsilon, record_mechanisms
-    from dpmerge.randomness import MechanismRandomness
+    from dpmerge.merge_statistics import fisher_statistics, gram_statistics, private_sample
     from dpmerge.study_key import StudyKeyError, load_or_create_key
     from dpmerge.taskvectors import file_tensors_sha256, load_tensors, save_tensors
 
@@ -383,10 +370,10 @@ def cmd_statistics(args) -> None:
     backbone = backbone_from_spec(_json_arg(args.backbone_spec, "--backbone-spec"))
     base, _ = load_tensors(args.base)
     vectors, metas = _read_task_vectors(args.task_vectors)
-    key = None
+    study_key = None
     if args.source == "private":
         try:
-            key = load_or_create_key(args.study_key)
+            study_key = load_or_create_key(args.study_key)
         except StudyKeyError as error:
             raise SystemExit(f"error: --study-key: {error}")
     public = None
@@ -413,32 +400,13 @@ def cmd_statistics(args) -> None:
             features, normaliser = tuple(f[chosen.sort().values] for f in public["train_features"]), len(chosen)
             record.update(public_dataset=public["task"], examples=int(len(chosen)))
         else:
-            # Private data: a Poisson sample at rate m/N from the study key (secret, like a fine-tune's batches),
-            # each example's whole contribution clipped to C, Gaussian noise, and a mean over the expected m
-            # (a data-independent normaliser). Accounted as one subsampled Gaussian step, composed with the
-            # task's fine-tuning by the same accountant.
-            clip_norm = args.clip_norm
-            num_examples = len(prepared["train_labels"])
-            sample_rate = min(1.0, args.examples / num_examples)
-            identity = _private_statistic_identity(args, meta, record["task_vector_sha256"])
-            randomness = MechanismRandomness(key, identity, meta["randomness"])
-            chosen = poisson_batch(num_examples, sample_rate, randomness.stream("poisson_sampler"))
-            features = tuple(f[chosen] for f in prepared["train_features"])
-            normaliser = sample_rate * num_examples
-            noise = randomness.stream("gaussian_noise")
-            record.update(examples=args.examples, sample_rate=sample_rate, clip_norm=clip_norm,
-                          neighbouring=meta["neighbouring"], randomness=meta["randomness"])
-            if meta["method"] == "nonprivate":
-                record.update(noise_multiplier=0.0, statistic_epsilon="inf", total_epsilon="inf")
-            else:
-                delta, accountant = float(meta["delta"]), meta["accountant"]
-                sigma = calibrate_noise_multiplier(args.epsilon, delta, sample_rate, 1, 1, accountant,
-                                                   meta["neighbouring"])
-                record.update(noise_multiplier=sigma, steps=1, steps_by_queries={"1": 1}, delta=delta,
-                              accountant=accountant, statistic_epsilon=args.epsilon,
-                              finetune_spent_epsilon=meta["spent_epsilon"])
-                record["total_epsilon"] = composed_epsilon(record_mechanisms(meta) + record_mechanisms(record),
-                                                           delta, accountant)
+            # Private data: a secret Poisson sample, each example's whole contribution clipped to C, Gaussian
+            # noise, a mean over the expected count; accounted and composed (merge_statistics.private_sample).
+            drawn = private_sample(args.kind, meta, record["task_vector_sha256"], len(prepared["train_labels"]),
+                                   args.examples, args.clip_norm, args.epsilon, study_key)
+            features = tuple(f[drawn.indices] for f in prepared["train_features"])
+            clip_norm, sigma, noise, normaliser = args.clip_norm, drawn.noise_multiplier, drawn.noise, drawn.normaliser
+            record.update(drawn.record)
         backbone.load_top_state({name: base[name] + vector[name] for name in base})
         if args.kind == "gram":
             result = gram_statistics(backbone, features, clip_norm, sigma, noise, normaliser=normaliser)
@@ -447,10 +415,10 @@ def cmd_statistics(args) -> None:
             result = fisher_statistics(backbone, head, features, clip_norm, sigma, noise, normaliser=normaliser)
         # Statistics of the network's layers, under the names the task vectors are released with.
         result = backbone.release_statistics(args.kind, result)
-        tensors.update({f"{index}/{key_}": value for key_, value in result.items()})
+        tensors.update({f"{index}/{key}": value for key, value in result.items()})
         records.append(record)
         source = f"public {public['task']}" if public is not None else "private (Poisson-sampled)"
-        count = len(chosen) if public is not None else f"~{args.examples} (expected)"
+        count = len(features[0]) if public is not None else f"~{args.examples} (expected)"
         _log(f"[statistics] {args.kind} of {meta['task']} on {count} {source} examples"
              + (f", sigma {sigma:.3f}, total epsilon {record['total_epsilon']:.4f}" if sigma else ""))
     meta = {"artifact": "merge_statistics", "kind": args.kind, "source": args.source,

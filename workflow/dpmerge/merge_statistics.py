@@ -17,15 +17,65 @@ Fisher information. Both come from data, so they are either
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dpmerge.backbones import Backbone, TaskModel
+from dpmerge.finetune import poisson_batch
 from dpmerge.persample import clip_factors
+from dpmerge.privacy import calibrate_noise_multiplier, composed_epsilon, record_mechanisms
+from dpmerge.randomness import MechanismRandomness
 
 KINDS = ("gram", "fisher")
 SOURCES = ("public", "private")
+
+
+def statistic_identity(kind: str, release: dict, vector_sha256: str, settings: dict) -> dict:
+    """Everything that makes one task's private statistic this mechanism: its kind and settings, and the release
+    it is computed for (another method, budget, seed or sweep value of the same task is another mechanism)."""
+    return {"mechanism": "merge_statistic", "kind": kind, "backbone": release.get("backbone"),
+            "task": release["task"], "method": release["method"], "rho": release.get("rho"),
+            "anchor_lambda": release.get("anchor_lambda"), "target_epsilon": release["target_epsilon"],
+            "seed": release["seed"], "task_vector_sha256": vector_sha256, "settings": settings}
+
+
+@dataclass
+class PrivateSample:
+    """What one task's privatized statistic draws and how it is accounted."""
+
+    indices: torch.Tensor  # the Poisson sample of the private training set (secret: never recorded)
+    normaliser: float  # the expected sample size qN, data-independent
+    noise: object  # the secret noise stream (randomness.py)
+    noise_multiplier: float
+    record: dict  # the statistic's privacy record, with its total composed with the release's fine-tuning
+
+
+def private_sample(kind: str, release: dict, vector_sha256: str, num_examples: int, examples: int,
+                   clip_norm: float, epsilon: float, study_key: bytes) -> PrivateSample:
+    """Sample, noise and accounting of a statistic of a release's private training data: a Poisson sample at rate
+    q = examples/N from the study key, Gaussian noise calibrated to `epsilon` at the release's delta as one
+    q-subsampled step (under the release's neighbouring relation), composed with the release's own steps."""
+    sample_rate = min(1.0, examples / num_examples)
+    settings = {"examples": examples, "clip_norm": clip_norm, "epsilon": epsilon}
+    randomness = MechanismRandomness(study_key, statistic_identity(kind, release, vector_sha256, settings),
+                                     release["randomness"])
+    indices = poisson_batch(num_examples, sample_rate, randomness.stream("poisson_sampler"))
+    record = {"examples": examples, "sample_rate": sample_rate, "clip_norm": clip_norm,
+              "neighbouring": release["neighbouring"], "randomness": release["randomness"]}
+    if release["method"] == "nonprivate":  # the non-private reference: clipped, no noise, nothing to account
+        sigma = 0.0
+        record.update(noise_multiplier=0.0, statistic_epsilon="inf", total_epsilon="inf")
+    else:
+        delta, accountant = float(release["delta"]), release["accountant"]
+        sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, 1, 1, accountant, release["neighbouring"])
+        record.update(noise_multiplier=sigma, steps=1, steps_by_queries={"1": 1}, delta=delta, accountant=accountant,
+                      statistic_epsilon=epsilon, finetune_spent_epsilon=release["spent_epsilon"])
+        record["total_epsilon"] = composed_epsilon(record_mechanisms(release) + record_mechanisms(record), delta,
+                                                   accountant)
+    return PrivateSample(indices, sample_rate * num_examples, randomness.stream("gaussian_noise"), sigma, record)
 
 
 def regmean_layers(backbone: Backbone) -> dict[str, nn.Module]:
