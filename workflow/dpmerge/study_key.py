@@ -91,6 +91,12 @@ def load_or_create_key(path: str | Path) -> bytes:
             os.link(temporary, path)
         except FileExistsError:
             pass  # another job created it first: use theirs
+        except OSError:  # a file system without hard links: exclusive creation is still atomic
+            try:
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+                    handle.write(temporary.read_text())
+            except FileExistsError:
+                pass
     finally:
         temporary.unlink(missing_ok=True)
     return read_key(path)
