@@ -214,7 +214,9 @@ def test_publishing_several_budgets_of_a_task_composes_them_and_the_ledger_says_
     assert a["composed_epsilon"] == pytest.approx(composed_epsilon(mechanisms, 1e-3))
     assert a["max_single_epsilon"] < 4.0 < a["composed_epsilon"]  # three releases cost more than the largest
     assert composition.loc["b", "composed_epsilon"] == pytest.approx(composition.loc["b", "max_single_epsilon"])
-    assert composition.loc["c", "composed_epsilon"] == math.inf  # the non-private reference protects nothing
+    assert composition.loc["c", "published_epsilon"] == math.inf  # the non-private reference protects nothing
+    assert composition.loc["c", "composed_epsilon"] == pytest.approx(composition.loc["b", "composed_epsilon"])
+    assert composition.loc["a", "published_epsilon"] == composition.loc["a", "composed_epsilon"]
     # a private statistic of task b composes too
     statistics = pd.DataFrame([{"task": "b", "source": "private", "method": "dp_merging", "noise_multiplier": 2.0,
                                 "sample_rate": 0.2, "neighbouring": "add_remove"}])

@@ -173,8 +173,8 @@ def check_statistics(statistics: pd.DataFrame, ledger: pd.DataFrame) -> list[str
 
 def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per task (one dataset, whichever backbones fine-tuned on it): every private release and private
-    statistic composed, i.e. the epsilon of publishing everything in the ledger. A non-private release of the
-    task makes it infinite."""
+    statistic composed (`composed_epsilon`), and the epsilon of publishing everything in the ledger
+    (`published_epsilon`), which a non-private release of the task makes infinite."""
     rows = []
     for task, group in ledger.groupby("task"):
         private = group[group["method"].map(_is_private)]
@@ -189,13 +189,13 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
                 count += 1
         delta = max((float(d) for d in private["delta"]), default=0.0)
         nonprivate = int((~group["method"].map(_is_private)).sum())
-        epsilon = (math.inf if nonprivate else composed_epsilon(mechanisms, delta, COMPOSITION_ACCOUNTANT)
-                   if mechanisms else 0.0)
+        epsilon = composed_epsilon(mechanisms, delta, COMPOSITION_ACCOUNTANT) if mechanisms else 0.0
         rows.append({"task": task, "backbones": ", ".join(sorted(group["backbone"].astype(str).unique())),
                      "private_releases": len(private), "private_statistics": count,
                      "nonprivate_releases": nonprivate,
                      "max_single_epsilon": max((_as_float(e) for e in private["spent_epsilon"]), default=0.0),
-                     "composed_epsilon": epsilon, "delta": delta})
+                     "composed_epsilon": epsilon, "published_epsilon": math.inf if nonprivate else epsilon,
+                     "delta": delta})
     return pd.DataFrame(rows)
 
 
@@ -228,16 +228,16 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
                      f"{spent:.4f} | {delta:.3g} |")
     composition = task_composition(ledger, statistics)
     lines += ["", "## Everything published, composed per task", "",
-              "The epsilon of publishing every release and private statistic of the ledger that read a task's "
-              f"data, composed ({COMPOSITION_ACCOUNTANT.upper()}, at the task's delta). The non-private reference "
-              "is a baseline to compare against, not a release: publishing it gives its task's data no protection "
-              "(infinite epsilon).", "",
-              "| task | backbones | private releases | private statistics | non-private | max single eps | "
-              "composed eps | delta |", "|---|---|---|---|---|---|---|---|"]
+              "Every private release and private statistic of the ledger that read a task's data, composed "
+              f"({COMPOSITION_ACCOUNTANT.upper()}, at the task's delta): the epsilon of publishing all of them "
+              "together. The non-private reference is a baseline to compare against, not a release: publishing "
+              "it too would leave its task's data unprotected (last column).", "",
+              "| task | backbones | private releases | private statistics | max single eps | composed eps | "
+              "delta | non-private releases | with them published |", "|---|---|---|---|---|---|---|---|---|"]
     for row in composition.itertuples():
         lines.append(f"| {row.task} | {row.backbones} | {row.private_releases} | {row.private_statistics} | "
-                     f"{row.nonprivate_releases} | {row.max_single_epsilon:.4f} | {row.composed_epsilon:.4f} | "
-                     f"{row.delta:.3g} |")
+                     f"{row.max_single_epsilon:.4f} | {row.composed_epsilon:.4f} | {row.delta:.3g} | "
+                     f"{row.nonprivate_releases} | {row.published_epsilon:.4g} |")
     if statistics is not None and len(statistics):
         lines += ["", "## Merge statistics (RegMean Grams, Fisher)", "",
                   "Public statistics read a dataset declared public, outside every private training set (no "
