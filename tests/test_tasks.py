@@ -461,3 +461,16 @@ def test_bbc_next_sentence_labels_and_ownership():
             # Negatives come from another article of the same topic.
             assert {tp for _, tp in own_a} & {tp for _, tp in own_b}
             assert not any(a in t and b in t for t in all_texts)
+
+
+def test_mnist1d_is_drawn_on_a_public_value_range_not_on_statistics_of_its_training_signals(monkeypatch):
+    """The range used to come from percentiles of the private training signals (-3.09, 3.08): a statistic of
+    private data outside any mechanism. It is a fixed constant now, whatever the signals are."""
+    from dpmerge import tasks
+
+    ranges = []
+    monkeypatch.setattr(tasks, "_render_signals", lambda raw, lo, hi, size: ranges.append((lo, hi)) or
+                        np.zeros((len(raw), size, size), dtype=np.float32))
+    full = tasks._build_mnist1d()
+    full.render(full.train_raw[:2] * 10.0, 8)  # signals ten times larger: the same canvas range
+    assert ranges == [tasks.MNIST1D_VALUE_RANGE] == [(-3.0, 3.0)]

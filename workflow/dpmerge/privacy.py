@@ -103,10 +103,16 @@ def spent_epsilon_of_steps(
 ) -> float:
     """epsilon spent by the steps that ran: `steps_by_queries` maps k (queries made on one Poisson batch) to how
     many steps made k queries; each such step is one subsampled Gaussian at sigma/sqrt(k)."""
-    _check_accountant(accountant)
-    mechanisms = [(effective_noise_multiplier(noise_multiplier, int(k), neighbouring), sample_rate, int(steps))
-                  for k, steps in steps_by_queries.items() if int(k) > 0 and int(steps) > 0]
-    return composed_epsilon(mechanisms, delta, accountant)
+    return composed_epsilon(step_mechanisms(noise_multiplier, sample_rate, steps_by_queries, neighbouring), delta,
+                            accountant)
+
+
+def step_mechanisms(noise_multiplier: float, sample_rate: float, steps_by_queries: dict,
+                    neighbouring: str = "add_remove") -> list[tuple[float, float, int]]:
+    """The accountant's view of steps that ran: (effective noise multiplier, sample rate, steps) per count k of
+    queries on one batch (keys may be JSON strings)."""
+    return [(effective_noise_multiplier(noise_multiplier, int(k), neighbouring), sample_rate, int(steps))
+            for k, steps in steps_by_queries.items() if int(k) > 0 and int(steps) > 0]
 
 
 def calibrate_noise_multiplier(
@@ -160,9 +166,8 @@ def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, a
 def record_mechanisms(record: dict) -> list[tuple[float, float, int]]:
     """The accountant's view of one release from its privacy record alone: (effective noise multiplier, sample
     rate, steps) for every count of queries per step that ran (the record's `steps_by_queries`)."""
-    sigma, q, neighbouring = float(record["noise_multiplier"]), float(record["sample_rate"]), record["neighbouring"]
-    return [(effective_noise_multiplier(sigma, int(k), neighbouring), q, int(steps))
-            for k, steps in record["steps_by_queries"].items() if int(k) > 0 and int(steps) > 0]
+    return step_mechanisms(float(record["noise_multiplier"]), float(record["sample_rate"]), record["steps_by_queries"],
+                           record["neighbouring"])
 
 
 def record_epsilon(record: dict, accountant: str | None = None) -> float:

@@ -26,9 +26,7 @@ import math
 
 import pandas as pd
 
-from dpmerge.privacy import (
-    RDP_ORDERS, composed_epsilon, effective_noise_multiplier, record_epsilon, record_mechanisms,
-)
+from dpmerge.privacy import RDP_ORDERS, composed_epsilon, record_epsilon, record_mechanisms, step_mechanisms
 from dpmerge.taskvectors import PRIVACY_FIELDS, read_metadata
 
 # rho and anchor_lambda tell a sensitivity sweep's runs (Tables 6, 7) apart from the method's default run
@@ -183,9 +181,9 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
         if statistics is not None and len(statistics):
             drawn = statistics[(statistics["task"] == task) & (statistics["source"] == "private")
                                & statistics["method"].map(_is_private)]
-            for row in drawn.itertuples():
-                sigma = effective_noise_multiplier(float(row.noise_multiplier), 1, row.neighbouring)
-                mechanisms.append((sigma, float(row.sample_rate), 1))
+            for row in drawn.itertuples():  # one query on one Poisson sample
+                mechanisms += step_mechanisms(float(row.noise_multiplier), float(row.sample_rate), {1: 1},
+                                              row.neighbouring)
                 count += 1
         delta = max((float(d) for d in private["delta"]), default=0.0)
         nonprivate = int((~group["method"].map(_is_private)).sum())
