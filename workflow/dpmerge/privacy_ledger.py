@@ -27,11 +27,11 @@ import math
 import pandas as pd
 
 from dpmerge.privacy import RDP_ORDERS, composed_epsilon, record_epsilon, record_mechanisms, step_mechanisms
+from dpmerge.randomness import RNG_MODES  # the keyed generators; anything else is replayable
 from dpmerge.taskvectors import PRIVACY_FIELDS, read_metadata
 
 # rho and anchor_lambda tell a sensitivity sweep's runs (Tables 6, 7) apart from the method's default run
 GROUP = ["backbone", "method", "rho", "anchor_lambda", "target_epsilon", "seed"]
-KEYED = ("keyed", "secure")
 # Composition across releases uses RDP: it composes any mix of the records' mechanisms (each record's own
 # accountant may be PRV, whose bound is tighter for one release but not needed for a sum).
 COMPOSITION_ACCOUNTANT = "rdp"
@@ -113,7 +113,7 @@ def check_ledger(ledger: pd.DataFrame) -> list[str]:
             continue
         if not _is_private(row.method):
             continue
-        if row.randomness not in KEYED:
+        if row.randomness not in RNG_MODES:
             problems.append(f"{row.path}: randomness {row.randomness!r} is not keyed by a study key; anyone could "
                             "replay it")
         spent, target = _as_float(row.spent_epsilon), _as_float(row.target_epsilon)

@@ -103,8 +103,8 @@ def load_or_create_key(path: str | Path) -> bytes:
 
 
 def canonical_identity(identity: dict) -> bytes:
-    """One byte string per identity: sorted keys, no whitespace, floats as JSON writes them (4 and 4.0 differ
-    from each other only if the caller passes them differently; callers pass the config's values)."""
+    """One byte string per identity: sorted keys, no whitespace. 4 and 4.0 serialise differently, so callers pass
+    values as the configuration gives them (the workflow always spells them the same way)."""
     return json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
