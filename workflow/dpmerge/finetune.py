@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -445,8 +444,6 @@ def finetune(
                 f"refusing to release: the {sum(ran.values())} steps that ran made {dict(ran)} (queries per step: "
                 f"steps), which spends epsilon {spent:.4f} > target {config.target_epsilon}"
             )
-    else:
-        spent = math.inf
     finetuned = backbone.top_state()
     task_vector = {name: finetuned[name] - pretrained[name] for name in pretrained}
     head = {name: value.detach().to("cpu", copy=True) for name, value in model.head.state_dict().items()}

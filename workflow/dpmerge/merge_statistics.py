@@ -8,7 +8,7 @@ Fisher information. Both come from data, so they are either
   every private training set, at no privacy cost. A held-out slice of a private training split is not public:
   its examples are people of the same private population; or
 - computed on the task's *private* training data and privatized: a Poisson sample at rate q = m/N drawn from
-  the study key (cli.cmd_statistics), each example's whole contribution (all layers' Gram contributions, or its
+  the study key (`private_sample`), each example's whole contribution (all layers' Gram contributions, or its
   Fisher contribution vector) clipped jointly to L2 norm C, Gaussian noise N(0, sigma^2 C^2) on every entry of
   the sum, and a mean over the expected count m = qN (data-independent, as a fine-tune's normaliser is). It is
   accounted as one Poisson-subsampled Gaussian step, composed with that task's fine-tuning by the same
