@@ -25,12 +25,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-import dpmerge  # noqa: F401
-from dpmerge.backbones import Backbone, TaskModel, load_backbone
-from dpmerge.finetune import METHODS, method_update, privatized_gradient
-from dpmerge.persample import clip_factors, make_clipper
-from dpmerge.randomness import MechanismRandomness
-from dpmerge.reference_shapes import roberta_base_shaped, vit_b32_shaped
+from dpmerge import runtime
+from dpmerge.models.base import Backbone, TaskModel
+from dpmerge.models.reference_shapes import roberta_base_shaped, vit_b32_shaped
+from dpmerge.models.registry import load_backbone
+from dpmerge.privacy.randomness import MechanismRandomness
+from dpmerge.training.dp_step import method_update, privatized_gradient
+from dpmerge.training.methods import METHODS
+from dpmerge.training.persample import clip_factors, make_clipper
 
 BENCH_KEY = bytes(32)  # timing only: nothing trained here is released
 
@@ -166,4 +168,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    runtime.make_torchvision_importable()
+    runtime.tune_allocator()
     main()

@@ -1,7 +1,7 @@
 """GPU readiness check (issue 6): ViT-B/32 through the real CLIP loader, one task, a few hundred DP steps.
 
 For a machine with a GPU but no network (open_clip's ViT-B-32 architecture with random weights, written to a
-checkpoint and read back by `backbone_clip.OpenCLIPViT`; synthetic 224 px images; a zero-shot head from the text
+checkpoint and read back by `dpmerge.models.clip.OpenCLIPViT`; synthetic 224 px images; a zero-shot head from the text
 tower). Per (method, precision) it runs `finetune` on the device and reports seconds per step and peak GPU
 memory, and, measured in the same run, the ratio to a non-private step: the numbers a researcher needs to size
 Slurm jobs. Writes a JSON file beside printing a table.
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
-import dpmerge  # noqa: F401 - torchvision shim before open_clip
+from dpmerge import runtime
 
 
 def build_backbone(model: str, directory: Path, device: str, precision: str):
     import open_clip
 
-    from dpmerge.backbones import load_backbone
-    from dpmerge.standins import write_tiny_clip
+    from dpmerge.models.registry import load_backbone
+    from dpmerge.models.standins import write_tiny_clip
 
     if model == "tiny":
         config, checkpoint = write_tiny_clip(directory)
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_readiness.json")
     args = parser.parse_args()
 
-    from dpmerge.finetune import FinetuneConfig, finetune
+    from dpmerge.training.finetune import FinetuneConfig, finetune
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,4 +100,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    runtime.make_torchvision_importable()
+    runtime.tune_allocator()
     main()

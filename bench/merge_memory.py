@@ -43,8 +43,10 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
     sys.path.insert(0, str(HERE.parent / "workflow"))
     import torch  # noqa: F401
 
-    import dpmerge  # noqa: F401
-    from dpmerge.merging import NEEDS_STATISTICS, is_part
+    from dpmerge import runtime
+    from dpmerge.merge.registry import NEEDS_STATISTICS, is_part
+
+    runtime.tune_allocator()  # as the CLI does, so both modes run with the same allocator
 
     baseline = peak_rss_mib()
     paths = [str(workdir / f"tv{i}.safetensors") for i in range(tasks)]
@@ -59,8 +61,8 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
         main(["merge", "--method", operator, "--vectors", vectors, *params,
               "--base", str(workdir / "w0.safetensors"), "-o", str(out), *paths])
     elif mode == "in-memory":
-        from dpmerge.merging import merge
-        from dpmerge.taskvectors import load_tensors, save_tensors
+        from dpmerge.artifacts import load_tensors, save_tensors
+        from dpmerge.merge.registry import merge
 
         base, _ = load_tensors(workdir / "w0.safetensors")
         loaded = [load_tensors(path)[0] for path in paths]
@@ -84,9 +86,8 @@ def write_inputs(workdir: Path, tasks: int) -> int:
     sys.path.insert(0, str(HERE.parent / "workflow"))
     import torch
 
-    import dpmerge  # noqa: F401
-    from dpmerge.reference_shapes import vit_b32_shaped
-    from dpmerge.taskvectors import PRIVACY_FIELDS, save_released, save_tensors
+    from dpmerge.artifacts import PRIVACY_FIELDS, save_released, save_tensors
+    from dpmerge.models.reference_shapes import vit_b32_shaped
 
     model, _ = vit_b32_shaped()
     shapes = {name: p.shape for name, p in model.state_dict().items()}
@@ -112,7 +113,7 @@ def write_statistics(workdir: Path, shapes: dict, tasks: int) -> None:
     positive Fisher diagonal per tensor (Fisher merging), per task, streamed to disk."""
     import torch
 
-    from dpmerge.taskvectors import file_tensors_sha256, write_tensors_streaming
+    from dpmerge.artifacts import file_tensors_sha256, write_tensors_streaming
 
     records = [{"task": f"t{i}", "source": "public", "examples": 256,
                 "task_vector_sha256": file_tensors_sha256(workdir / f"tv{i}.safetensors")} for i in range(tasks)]
@@ -169,7 +170,7 @@ def main() -> None:
         stamp.write_text(json.dumps({"tasks": args.tasks, "numel": numel}))
     model_mib = numel * 4 / 2**20
     sys.path.insert(0, str(HERE.parent / "workflow"))
-    from dpmerge.merging import OPERATORS
+    from dpmerge.merge.registry import OPERATORS
 
     def run(mode, spec):
         params = json.dumps(hyper.get(spec.partition("@")[0], {}))

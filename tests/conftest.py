@@ -9,8 +9,13 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
 
-import dpmerge  # noqa: E402,F401  (defines torchvision op schemas before anything imports torchvision)
-from dpmerge.backbones import Backbone  # noqa: E402
+from dpmerge import runtime  # noqa: E402
+from dpmerge.models.base import Backbone  # noqa: E402
+
+# The test session is where these commands start: tests that import torchvision directly need the schemas, and
+# in-process fine-tunes run with the allocator the CLI uses.
+runtime.make_torchvision_importable()
+runtime.tune_allocator()
 
 # Small parameter mappings for the diagnostics tests: 7 parameters split over two tensors, and their flat form
 SHAPES = {"layer.weight": (2, 2), "layer.bias": (3,)}

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
+from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
 from dpmerge.cli import build_parser, main
-from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
 
 COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)
 
@@ -41,7 +41,7 @@ def test_finetune_refuses_a_sweep_label_its_settings_contradict(tmp_path, label,
 
 
 def test_sweep_labels_round_trip():
-    from dpmerge.methods import parse_label, sweep_label
+    from dpmerge.training.methods import parse_label, sweep_label
 
     assert parse_label("naive_dp") == ("naive_dp", {})
     assert parse_label(sweep_label("dp_merging", "rho", 0.1)) == ("dp_merging", {"rho": 0.1})

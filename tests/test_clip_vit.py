@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpmerge.clip_vit import (
+from dpmerge.models.clip_vit import (
     DPVisionTransformer,
     LinearAttention,
     convert_visual,
@@ -14,7 +14,7 @@ from dpmerge.clip_vit import (
     max_output_difference,
     to_open_clip_state_dict,
 )
-from dpmerge.persample import STRATEGIES, _vmap, rule_for
+from dpmerge.training.persample import STRATEGIES, _vmap, rule_for
 from test_dp import assert_matches_brute_force
 from test_persample import per_example_norms
 

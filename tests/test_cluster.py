@@ -22,9 +22,8 @@ import torch
 import yaml
 
 import slurm_node
-from dpmerge.taskvectors import load_tensors
+from dpmerge.artifacts import load_tensors
 from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
-
 
 # 160 DP-Merging steps per task (about 10 s here) with a checkpoint every 2: a kill after the first checkpoint
 # lands mid-way

@@ -5,15 +5,11 @@ joint-task linearity gap are known in closed form."""
 import pytest
 import torch
 
-from dpmerge.diagnostics import (
-    hessian_max_eigenvalue,
-    task_loss,
-    joint_task_linearity,
-    merge_gap_bound,
-    sharpness_proxy,
-)
-from dpmerge.evaluate import evaluate_head
-from conftest import SHAPES, flat, unflat
+from conftest import flat, unflat
+from dpmerge.diagnostics.common import task_loss
+from dpmerge.diagnostics.curvature import hessian_max_eigenvalue, merge_gap_bound, sharpness_proxy
+from dpmerge.diagnostics.linearity import joint_task_linearity
+from dpmerge.models.evaluation import evaluate_head
 
 
 def quadratic(eigenvalues, seed=0, centre_seed=1):

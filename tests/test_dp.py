@@ -8,21 +8,21 @@ import torch
 import torch.nn.functional as F
 
 from conftest import keyed
-from dpmerge.backbones import TaskModel, load_backbone
-from dpmerge.persample import STRATEGIES, make_clipper
-from dpmerge.randomness import GeneratorStream
-from dpmerge.finetune import (
-    METHODS,
-    FinetuneConfig,
+from dpmerge.models.base import TaskModel
+from dpmerge.models.registry import load_backbone
+from dpmerge.privacy.randomness import GeneratorStream
+from dpmerge.training.dp_step import (
     STEPS,
     add_anchor,
     clipped_gradient_sum,
-    finetune,
     method_update,
     poisson_batch,
     privatized_gradient,
     sam_perturbation,
 )
+from dpmerge.training.finetune import FinetuneConfig, finetune
+from dpmerge.training.methods import METHODS
+from dpmerge.training.persample import STRATEGIES, make_clipper
 
 
 def brute_force_clipped_sum(model, features, labels, clip_norm):

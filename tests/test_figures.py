@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpmerge import figures
+from dpmerge.report import figures
 
 
 def curvature_frame(epsilons=("1.0", "2.0", "4.0")):
@@ -165,3 +165,4 @@ def test_sharpness_radius_read_from_new_and_old_curvature_files(monkeypatch, tmp
     with pytest.raises(ValueError, match="several sharpness_rho values"):
         figures.plot_sharpness_drift(pd.concat([old.assign(sharpness_rho=0.1), new]), drift_frame(),
                                      tmp_path / "g.png", "t")
+

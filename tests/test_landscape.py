@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import flat, unflat
 from dpmerge import cli
-from dpmerge.diagnostics import filter_normalized_direction, loss_landscape, task_vector_plane
-from dpmerge.evaluate import evaluate_head
-from dpmerge.figures import plot_landscape
-from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
-from conftest import SHAPES, flat, unflat
+from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
+from dpmerge.diagnostics.landscape import filter_normalized_direction, loss_landscape, task_vector_plane
+from dpmerge.models.evaluation import evaluate_head
+from dpmerge.report.figures import plot_landscape
 
 
 def random_vector(seed):
@@ -134,7 +134,8 @@ def record(task):
 @pytest.fixture
 def merged_toy(tmp_path, toy_backbone, toy_data, monkeypatch):
     """w0, two released task vectors and heads, prepared test data and their task-arithmetic merge."""
-    monkeypatch.setattr(cli, "backbone_from_spec", lambda spec: toy_backbone)
+    # the stages build their backbone through models.spec, looked up when they run
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: toy_backbone)
     features, labels = toy_data
     base = toy_backbone.top_state()
     save_tensors(tmp_path / "w0.safetensors", base, {"pretrained_sha256": "abc"})

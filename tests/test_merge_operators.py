@@ -4,28 +4,27 @@ defining properties; the streamed order statistics they rely on against sorting.
 import pytest
 import torch
 
-from dpmerge.merging import (
+from dpmerge.merge.data_based import weighted_times_pinv
+from dpmerge.merge.order_statistics import streamed_order_statistics
+from dpmerge.merge.personalized import dts_dequantize, dts_quantize
+from dpmerge.merge.registry import (
     OPERATORS,
     consensus_ta,
-    dts_dequantize,
-    dts_quantize,
-    is_part,
-    part_bits,
-    personal_vector,
     fisher,
-    regmean,
+    is_part,
     iso_c,
     iso_cts,
     merge,
+    part_bits,
     pcb,
-    streamed_order_statistics,
+    personal_vector,
+    regmean,
     task_arithmetic,
     tsv_m,
     weight_averaging,
-    weighted_times_pinv,
     wudi,
-    wudi_solve,
 )
+from dpmerge.merge.spectral import wudi_solve
 
 
 def randn(*shape, seed=0, scale=1.0):
@@ -269,7 +268,7 @@ def test_regmean_by_hand_each_task_owns_the_inputs_it_saw():
     first, second = {"w": torch.tensor([[1.0, 2.0]])}, {"w": torch.tensor([[3.0, 4.0]])}
     # task 1 only ever saw input direction e0, task 2 only e1: the merge takes column 0 from task 1, 1 from 2
     grams = [{"w": torch.diag(torch.tensor([2.0, 0.0]))}, {"w": torch.diag(torch.tensor([0.0, 5.0]))}]
-    assert torch.allclose(regmean([first, second], grams, 1.0)["w"], torch.tensor([[1.0, 4.0]]))
+    assert torch.allclose(regmean([first, second], grams, reduce_non_diagonal_ratio=1.0)["w"], torch.tensor([[1.0, 4.0]]))
     # and it is the least-squares solution on both tasks' inputs in general
     vectors = [{"w": randn(4, 3, seed=s)} for s in range(2)]
     inputs = [randn(10, 3, seed=20 + s) for s in range(2)]
@@ -277,7 +276,7 @@ def test_regmean_by_hand_each_task_owns_the_inputs_it_saw():
     stacked_inputs = torch.cat(inputs)
     targets = torch.cat([x @ v["w"].T for x, v in zip(inputs, vectors)])
     least_squares = torch.linalg.lstsq(stacked_inputs, targets).solution.T
-    assert torch.allclose(regmean(vectors, grams, 1.0)["w"], least_squares, atol=1e-4)
+    assert torch.allclose(regmean(vectors, grams, reduce_non_diagonal_ratio=1.0)["w"], least_squares, atol=1e-4)
 
 
 def test_fisher_merging_by_hand():
@@ -375,10 +374,72 @@ def test_statistics_of_the_wrong_shape_or_count_are_named():
 
 
 def test_streamed_order_statistics_are_exact_across_pieces(monkeypatch):
-    import dpmerge.merging as merging
+    import dpmerge.merge.order_statistics as order_statistics
 
-    monkeypatch.setattr(merging, "_PIECE", 7)  # every tensor split into many pieces
+    monkeypatch.setattr(order_statistics, "_PIECE", 7)  # every tensor split into many pieces
     values = [randn(100, seed=5), randn(33, seed=6)]
     ordered = torch.cat(values).sort().values
     got = streamed_order_statistics(lambda: iter([[v] for v in values]), [[0, 50, 132]])
     assert got == [[float(ordered[r]) for r in (0, 50, 132)]]
+
+
+# ---- the spec table: defaults stated once, each with its implementation
+
+
+def test_every_spec_has_an_implementation_and_every_implementation_a_spec():
+    import inspect
+
+    from dpmerge.merge import data_based, elementwise, personalized, spectral
+    from dpmerge.merge.specs import NEEDS_STATISTICS, SPECS
+    from dpmerge.merge.statistics import KINDS
+
+    families = [family.IMPLEMENTATIONS for family in (elementwise, spectral, personalized, data_based)]
+    implemented = [name for family in families for name in family]
+    assert len(implemented) == len(set(implemented))  # no operator implemented twice
+    assert set(implemented) == set(SPECS)
+    assert list(OPERATORS) == list(SPECS)
+    for name, spec in SPECS.items():
+        operator = OPERATORS[name]
+        assert spec.name == name and operator.spec is spec
+        assert operator.defaults is spec.defaults and operator.task_vectors_only == spec.task_vectors_only
+        assert spec.personalized == (operator.parts_layout is not None) == (operator.reconstruct is not None)
+        # the per-tensor rule takes (key, tensors, stats) and then exactly the spec's hyperparameters
+        parameters = list(inspect.signature(operator.per_tensor).parameters)[3:]
+        assert set(parameters) == set(spec.defaults), name
+        assert (spec.statistic is None) == (name not in NEEDS_STATISTICS)
+        if spec.statistic is not None:
+            assert spec.statistic in KINDS and operator.statistics is not None
+        assert spec.title in spec.description and f"arXiv {spec.arxiv}" in spec.description
+        assert spec.arxiv.count(".") == 1 and all(part.isdigit() for part in spec.arxiv.split("."))
+
+
+def test_schema_defaults_agree_with_the_spec_table():
+    from pathlib import Path
+
+    import yaml
+
+    from dpmerge.merge.specs import SPECS, VECTOR_KINDS
+
+    schema = yaml.safe_load((Path(__file__).parents[1] / "workflow/schemas/config.schema.yaml").read_text())
+    merge_schema = schema["properties"]["merge"]
+    entry = merge_schema["additionalProperties"]["properties"]
+    assert entry["operator"]["enum"] == list(SPECS)
+    assert entry["vectors"]["enum"] == list(VECTOR_KINDS)
+    for name, settings in merge_schema["default"].items():
+        spec = SPECS[settings.get("operator", name)]
+        hyperparameters = {k: v for k, v in settings.items() if k not in ("operator", "vectors", "statistics")}
+        assert set(hyperparameters) <= set(spec.defaults), name
+        assert hyperparameters == {k: spec.defaults[k] for k in hyperparameters}, name
+
+
+def test_the_spec_table_imports_neither_torch_nor_numpy():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "workflow")}
+    probe = ("import sys, dpmerge.merge.specs as specs; assert specs.SPECS; "
+             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

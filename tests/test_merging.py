@@ -3,14 +3,12 @@
 import pytest
 import torch
 
-from dpmerge.merging import (
+from dpmerge.artifacts import file_tensors_sha256, save_tensors, tensors_sha256
+from dpmerge.merge.elementwise import _ties_statistics
+from dpmerge.merge.order_statistics import top_magnitude_threshold
+from dpmerge.merge.registry import (
     NEEDS_STATISTICS,
     OPERATORS,
-    StatisticsSource,
-    InMemorySource,
-    _ties_statistics,
-    _top_magnitude_threshold,
-    SafetensorsSource,
     dare,
     merge,
     merge_stream,
@@ -18,7 +16,7 @@ from dpmerge.merging import (
     ties,
     weight_averaging,
 )
-from dpmerge.taskvectors import file_tensors_sha256, save_tensors, tensors_sha256
+from dpmerge.merge.sources import InMemorySource, SafetensorsSource, StatisticsSource
 
 
 def tv(**tensors):
@@ -231,6 +229,6 @@ def test_streamed_global_threshold_equals_kthvalue_over_the_concatenation(densit
               "b": torch.randint(-3, 4, (500,), generator=generator).to(dtype),  # many ties, zeros
               "c": 1e-30 * torch.randn(64, generator=generator).to(dtype)}
     flat = torch.cat([v.reshape(-1) for v in vector.values()]).to(torch.float32)
-    expected = _top_magnitude_threshold(flat, density)
+    expected = top_magnitude_threshold(flat, density)
     hyper = {"scaling": 1.0, "merge_func": "mean", "topk_scope": "global"}
     assert _ties_statistics(InMemorySource([vector]), density, **hyper) == [expected]

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from conftest import keyed
-import dpmerge  # noqa: F401 - torchvision shim before open_clip
-from dpmerge import losses
-from dpmerge.backbones import BACKBONES, TaskModel, load_backbone
 from dpmerge.metrics import score
-from dpmerge.finetune import FinetuneConfig, finetune
-from dpmerge.persample import make_clipper
-from dpmerge.standins import TINY_CLIP_NAME, write_tiny_clip, write_tiny_roberta
+from dpmerge.models import losses
+from dpmerge.models.base import TaskModel
+from dpmerge.models.registry import BACKBONES, load_backbone
+from dpmerge.models.standins import TINY_CLIP_NAME, write_tiny_clip, write_tiny_roberta
+from dpmerge.training.finetune import FinetuneConfig, finetune
+from dpmerge.training.persample import make_clipper
 
 open_clip = pytest.importorskip("open_clip")
 
@@ -136,7 +136,7 @@ def test_clip_finetune_keeps_the_zero_shot_head_frozen(clip_files):
 
 
 def test_clip_gram_statistics_are_released_under_open_clip_names(clip_files):
-    from dpmerge.merge_statistics import gram_statistics
+    from dpmerge.merge.statistics import gram_statistics
 
     backbone = clip_backbone(clip_files)
     (features,) = backbone.trunk_features(uint8_images(8))

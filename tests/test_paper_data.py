@@ -1,5 +1,6 @@
-"""Tests for dpmerge.paper_data: every reader on a stand-in in the real on-disk layout, cross-checked against
-torchvision's own dataset classes, plus error messages and CLIP's evaluation crop."""
+"""Tests for the paper's datasets (dpmerge.data.paper, its readers, and standins.py): every reader on a stand-in in
+the real on-disk layout, cross-checked against torchvision's own dataset classes, plus error messages and CLIP's
+evaluation crop."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dpmerge import paper_data as P
-from dpmerge import zeroshot_prompts as Z
-from dpmerge.paper_data import GLUE_TASKS, PAPER_TASKS, VISION_TASKS, MissingDataError, read_split, write_standin
+from dpmerge.data import paper, paper_split, paper_vision, standins
+from dpmerge.data.paper import read_split
+from dpmerge.data.paper_split import ArrayRefs, MissingDataError
+from dpmerge.data.registry import GLUE_TASKS, PAPER_TASKS, TASKS, VISION_TASKS
+from dpmerge.data.standins import write_standin
+from dpmerge.models import zeroshot_prompts as Z
 
 K = 3  # classes in vision stand-ins
 TRAIN, TEST = 4, 2  # write_standin's defaults, per class
@@ -47,7 +51,7 @@ def standin(name, data_dir, **kwargs):
 
 
 def refs_list(refs):
-    if isinstance(refs, P.ArrayRefs):
+    if isinstance(refs, ArrayRefs):
         return [(refs.path, int(row)) for row in refs.rows]
     return [tuple(r) if isinstance(r, np.ndarray) else r for r in refs]
 
@@ -59,13 +63,14 @@ def test_registry():
     assert VISION_TASKS == ("sun397", "cars", "resisc45", "eurosat", "svhn", "gtsrb", "mnist", "dtd")
     assert GLUE_TASKS == ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")
     assert list(PAPER_TASKS) == [*VISION_TASKS, *GLUE_TASKS]
-    metrics = {name: info.metric for name, info in PAPER_TASKS.items()}
+    metrics = {name: TASKS[name].metric for name in PAPER_TASKS}
     assert metrics == {**{n: "accuracy" for n in PAPER_TASKS}, "cola": "mcc", "mrpc": "f1_accuracy",
                        "qqp": "f1_accuracy", "stsb": "spearman"}
-    counts = {n: PAPER_TASKS[n].num_classes for n in PAPER_TASKS}
+    counts = {n: TASKS[n].num_classes for n in PAPER_TASKS}
     assert counts == {"sun397": 397, "cars": 196, "resisc45": 45, "eurosat": 10, "svhn": 10, "gtsrb": 43, "mnist": 10,
                       "dtd": 47, "cola": 2, "sst2": 2, "mrpc": 2, "qqp": 2, "stsb": 1, "mnli": 3, "qnli": 2, "rte": 2}
-    for name, info in PAPER_TASKS.items():
+    for name in PAPER_TASKS:
+        info = TASKS[name]
         assert info.name == name
         assert info.input_kind == ("image" if name in VISION_TASKS else "single" if name in ("cola", "sst2") else "pair")
         assert info.description and info.provenance and info.licence and info.layout
@@ -73,10 +78,10 @@ def test_registry():
 
 def test_real_name_lists_match_the_literature():
     # the lists stand-ins draw from are the real ones: all 43 GTSRB, 45 RESISC45, 47 DTD, 10 EuroSAT classes
-    assert len(P._GTSRB_NAMES) == 43 and len(set(P._GTSRB_NAMES)) == 43
-    assert len(P._RESISC45_CLASSES) == 45 and P._RESISC45_CLASSES == sorted(P._RESISC45_CLASSES)
-    assert len(P._DTD_CLASSES) == 47 and P._DTD_CLASSES == sorted(P._DTD_CLASSES)
-    assert len(P._EUROSAT_NAMES) == 10
+    assert len(paper_vision._GTSRB_NAMES) == 43 and len(set(paper_vision._GTSRB_NAMES)) == 43
+    assert len(standins._RESISC45_CLASSES) == 45 and standins._RESISC45_CLASSES == sorted(standins._RESISC45_CLASSES)
+    assert len(standins._DTD_CLASSES) == 47 and standins._DTD_CLASSES == sorted(standins._DTD_CLASSES)
+    assert len(paper_vision.EUROSAT_NAMES) == 10
 
 
 # ---------------------------------------------------------------- every task through its reader
@@ -85,7 +90,7 @@ def test_real_name_lists_match_the_literature():
 @pytest.mark.parametrize("name", list(PAPER_TASKS))
 def test_standin_round_trip(name, tmp_path):
     split = standin(name, tmp_path)
-    info = PAPER_TASKS[name]
+    info = TASKS[name]
     assert split.class_names == EXPECTED_NAMES[name]
     k = 6 if name == "stsb" else len(split.class_names)  # stsb stand-in: one group per whole score 0..5
     n_train, n_test = (EUROSAT_TRAIN, EUROSAT_TEST) if name == "eurosat" else (TRAIN, TEST)
@@ -124,13 +129,13 @@ def assert_learnable_text(split, kind):
     texts = split.render(split.train_refs, 0) + split.render(split.test_refs, 0)
     labels = np.concatenate([split.train_labels, split.test_labels]).astype(int)  # stsb: the whole score
     last = [t if kind == "single" else t[1] for t in texts]
-    for cue, label in zip(P._CUES, range(labels.max() + 1)):
+    for cue, label in zip(standins._CUES, range(labels.max() + 1)):
         assert [cue in t.split() for t in last] == list(labels == label)
 
 
 def test_num_classes_none_gives_the_real_count(tmp_path):
     split = standin("gtsrb", tmp_path, num_classes=None, train_per_class=1, test_per_class=1, image_size=8)
-    assert split.class_names == P._GTSRB_NAMES
+    assert split.class_names == paper_vision._GTSRB_NAMES
     assert sorted(set(split.test_labels)) == list(range(43))
     assert standin("mnist", tmp_path, num_classes=None).class_names == tuple("0123456789")
 
@@ -176,7 +181,7 @@ def test_torchvision_mnist_reads_the_standin(tmp_path):
     for refs, labels, train in ((split.train_refs, split.train_labels, True), (split.test_refs, split.test_labels, False)):
         theirs = tv.MNIST(tmp_path / "mnist", train=train)
         assert theirs.targets.numpy().tolist() == labels.tolist()
-        assert np.array_equal(theirs.data.numpy(), np.asarray(P._mnist_pixels(refs.path)))
+        assert np.array_equal(theirs.data.numpy(), np.asarray(paper_split._mnist_pixels(refs.path)))
 
 
 def test_torchvision_svhn_reads_the_standin(tmp_path, monkeypatch):
@@ -189,7 +194,8 @@ def test_torchvision_svhn_reads_the_standin(tmp_path, monkeypatch):
         theirs = tv.SVHN(tmp_path / "svhn", split=part)
         assert theirs.labels.tolist() == labels.tolist()  # label 10 read as 0 on both sides
     image, _ = theirs[0]
-    assert np.array_equal(np.asarray(image), np.asarray(P._svhn_pixels(split.test_refs.path, P._stamp(split.test_refs.path))[0]))
+    pixels = paper_split._svhn_pixels(split.test_refs.path, paper_split._stamp(split.test_refs.path))
+    assert np.array_equal(np.asarray(image), np.asarray(pixels[0]))
 
 
 def test_torchvision_gtsrb_reads_the_standin(tmp_path):
@@ -261,9 +267,9 @@ def test_eurosat_split_has_the_literature_sizes_and_is_stable():
     n_train = n_test = 0
     for cls, n in sizes.items():
         files = [f"{cls}_{i + 1}.jpg" for i in range(n)]
-        train, test = P._eurosat_split(files)
+        train, test = paper_vision._eurosat_split(files)
         assert not set(train) & set(test)
-        assert (train, test) == P._eurosat_split(files[::-1])  # listing order does not matter
+        assert (train, test) == paper_vision._eurosat_split(files[::-1])  # listing order does not matter
         n_train, n_test = n_train + len(train), n_test + len(test)
     assert (n_train, n_test) == (21_600, 2_700)
 
@@ -277,12 +283,12 @@ def test_missing_data_error_says_what_and_how(name, tmp_path):
         read_split(name, tmp_path)
     message = str(caught.value)
     assert name in message and str(tmp_path) in message and "prepare-data" in message
-    assert str(P._dataset_dir(name, tmp_path)) in message  # the exact path looked at
+    assert str(paper.dataset_dir(name, tmp_path)) in message  # the exact path looked at
     assert isinstance(caught.value, FileNotFoundError)
 
 
 def test_unknown_task_lists_the_known_ones(tmp_path):
-    for function in (read_split, write_standin, P.download):
+    for function in (read_split, write_standin, paper.download):
         with pytest.raises(ValueError, match="unknown paper task 'imagenet'.*sun397.*rte"):
             function("imagenet", tmp_path)
 
@@ -339,7 +345,7 @@ def test_train_test_overlap_is_refused(tmp_path):
 
 def test_cars_download_explains_the_manual_route(tmp_path):
     with pytest.raises(RuntimeError, match="cannot be downloaded.*stanford_cars/devkit/cars_meta.mat"):
-        P.download("cars", tmp_path)
+        paper.download("cars", tmp_path)
 
 
 # ---------------------------------------------------------------- rendering
@@ -382,7 +388,7 @@ def test_render_of_array_backed_refs_matches_torchvision(tmp_path):
 
 
 def test_array_refs_index_like_arrays():
-    refs = P.ArrayRefs("x", "idx", np.arange(10))
+    refs = ArrayRefs("x", "idx", np.arange(10))
     assert refs[2:5].rows.tolist() == [2, 3, 4]
     assert refs[np.array([7, 1])].rows.tolist() == [7, 1]
     assert refs[refs.rows % 2 == 0].rows.tolist() == [0, 2, 4, 6, 8]

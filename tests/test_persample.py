@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from dpmerge.finetune import FinetuneConfig
-from dpmerge.persample import STRATEGIES, BookKeepingClipper, _linear_weight_squared_norms, make_clipper
-from dpmerge.reference_shapes import ClassTokenAndPositions, roberta_base_shaped, vit_b32_shaped
+from dpmerge.models.reference_shapes import ClassTokenAndPositions, roberta_base_shaped, vit_b32_shaped
+from dpmerge.training.finetune import FinetuneConfig
+from dpmerge.training.persample import STRATEGIES, BookKeepingClipper, _linear_weight_squared_norms, make_clipper
 from test_dp import assert_matches_brute_force, brute_force_clipped_sum
 
 

@@ -15,11 +15,10 @@ import torch
 import yaml
 from snakemake.exceptions import WorkflowError
 
+from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors
 from dpmerge.config_check import ConfigError, check_config
-from dpmerge.merging import OPERATORS
-from dpmerge.taskvectors import PRIVACY_FIELDS, load_tensors
+from dpmerge.merge.registry import OPERATORS
 from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
-
 
 TINY = {
     "results": "results",

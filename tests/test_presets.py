@@ -106,7 +106,7 @@ def standin_run(tmp_path_factory):
 
 
 def test_standin_preset_runs_the_papers_code_paths(standin_run):
-    from dpmerge.taskvectors import load_tensors
+    from dpmerge.artifacts import load_tensors
 
     config = preset("standin.yaml")
     for backbone, entry in config["backbones"].items():
@@ -138,10 +138,9 @@ def test_standin_preset_runs_the_papers_code_paths(standin_run):
 
 def test_standin_task_vectors_add_onto_an_open_clip_model(standin_run, tmp_path):
     """Interchangeable with other tools: w0 + tau loads into open_clip's own CLIP under its own keys."""
-    import dpmerge  # noqa: F401
     import open_clip
 
-    from dpmerge.taskvectors import load_tensors
+    from dpmerge.artifacts import load_tensors
 
     config = standin_run.parent / "standins/clip"
     open_clip.add_model_config(config / "tiny-standin-ViT.json")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dpmerge.privacy import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
+from dpmerge.privacy.accounting import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
 
 
 @pytest.mark.parametrize("target", [1.0, 2.0, 4.0, 8.0])
@@ -50,7 +50,8 @@ def test_rdp_epsilon_agrees_with_dp_accounting(sigma, q, steps, delta, queries):
     """Independent implementation: Google's dp-accounting RDP accountant, same orders as Opacus."""
     import dp_accounting
     from dp_accounting.rdp import rdp_privacy_accountant
-    from dpmerge.privacy import RDP_ORDERS
+
+    from dpmerge.privacy.accounting import RDP_ORDERS
 
     ours = spent_epsilon(sigma, q, steps, delta, queries_per_step=queries, accountant="rdp")
     accountant = rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS)
@@ -118,7 +119,7 @@ def test_replace_one_doubles_sigma_and_meets_the_target_by_an_exact_replace_one_
 
 def release(task, epsilon=4.0, method="dp_merging", rho=0.05, seed=0, backbone="b", **overrides):
     """A release's privacy record as finetune() writes it, calibrated for real (q = 0.05, 40 steps)."""
-    from dpmerge.methods import METHODS
+    from dpmerge.training.methods import METHODS
 
     queries = METHODS[method].queries_per_step
     q, steps, delta = 0.05, 40, 1e-3
@@ -137,7 +138,7 @@ def release(task, epsilon=4.0, method="dp_merging", rho=0.05, seed=0, backbone="
 
 
 def ledger(*releases):
-    from dpmerge.privacy_ledger import ledger_of_records
+    from dpmerge.privacy.ledger import ledger_of_records
 
     return ledger_of_records(list(releases))
 
@@ -147,7 +148,8 @@ def test_composition_of_different_mechanisms_agrees_with_dp_accounting():
     against Google's dp_accounting composing the same events."""
     import dp_accounting
     from dp_accounting.rdp import rdp_privacy_accountant
-    from dpmerge.privacy import RDP_ORDERS, composed_epsilon
+
+    from dpmerge.privacy.accounting import RDP_ORDERS, composed_epsilon
 
     mechanisms = [(1.1 / math.sqrt(2), 0.05, 40), (0.9, 0.05, 40), (3.0, 0.2, 1)]
     theirs = rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS)
@@ -158,7 +160,7 @@ def test_composition_of_different_mechanisms_agrees_with_dp_accounting():
 
 
 def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in_one_group():
-    from dpmerge.privacy_ledger import check_ledger, ledger_report
+    from dpmerge.privacy.ledger import check_ledger, ledger_report
 
     # the default run and a rho-sweep run on the same tasks: two alternative experiments, each in budget
     sweep = ledger(release("a"), release("b"), release("a", rho=0.2), release("b", rho=0.2))
@@ -174,7 +176,7 @@ def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in
 
 
 def test_ledger_recomputes_epsilon_from_each_record_and_refuses_unkeyed_randomness():
-    from dpmerge.privacy_ledger import check_ledger
+    from dpmerge.privacy.ledger import check_ledger
 
     honest = release("a")
     assert check_ledger(ledger(honest)) == []
@@ -189,7 +191,7 @@ def test_ledger_recomputes_epsilon_from_each_record_and_refuses_unkeyed_randomne
     seeded = ledger((path, {**record, "randomness": "seeded"}))
     assert any("not keyed by a study key" in p for p in check_ledger(seeded))
     # a claim an independent accountant contradicts (sigma recorded lower than the one the claim needs)
-    from dpmerge.privacy import record_epsilon
+    from dpmerge.privacy.accounting import record_epsilon
 
     weaker = {**record, "noise_multiplier": 0.8 * record["noise_multiplier"]}
     weaker["spent_epsilon"] = record_epsilon(weaker) * 0.98  # consistent with nothing: caught twice
@@ -201,8 +203,8 @@ def test_ledger_recomputes_epsilon_from_each_record_and_refuses_unkeyed_randomne
 def test_publishing_several_budgets_of_a_task_composes_them_and_the_ledger_says_so():
     import pandas as pd
 
-    from dpmerge.privacy import composed_epsilon
-    from dpmerge.privacy_ledger import ledger_report, task_composition
+    from dpmerge.privacy.accounting import composed_epsilon
+    from dpmerge.privacy.ledger import ledger_report, task_composition
 
     releases = ledger(release("a", 1.0), release("a", 4.0), release("a", 4.0, seed=1), release("b", 4.0),
                       release("c", 4.0), release("c", method="nonprivate"))
@@ -229,7 +231,7 @@ def test_publishing_several_budgets_of_a_task_composes_them_and_the_ledger_says_
 def test_public_statistics_must_read_a_dataset_outside_every_private_training_set():
     import pandas as pd
 
-    from dpmerge.privacy_ledger import STATISTICS_COLUMNS, check_statistics
+    from dpmerge.privacy.ledger import STATISTICS_COLUMNS, check_statistics
 
     releases = ledger(release("a"), release("b"))
     row = {column: None for column in STATISTICS_COLUMNS}

@@ -7,9 +7,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpmerge.tables import (
-    PaperTable, epsilon_value, table1, table_ablation, table_epsilon_sweep, table_operators, table_sensitivity,
-    to_latex, to_markdown, write_table,
+from dpmerge.epsilon import epsilon_value
+from dpmerge.report.tables import (
+    PaperTable,
+    table1,
+    table_ablation,
+    table_epsilon_sweep,
+    table_operators,
+    table_sensitivity,
+    to_latex,
+    to_markdown,
+    write_table,
 )
 
 SQRT2 = math.sqrt(2.0)
@@ -142,8 +150,8 @@ def test_write_table_parquet_layout(tmp_path):
 
 
 def test_plot_interpolation_is_still_importable_from_tables():
-    from dpmerge import figures
-    from dpmerge.tables import plot_interpolation
+    from dpmerge.report import figures
+    from dpmerge.report.figures import plot_interpolation
 
     assert plot_interpolation is figures.plot_interpolation
 

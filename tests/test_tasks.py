@@ -1,16 +1,23 @@
-"""Tests for dpmerge.tasks: registry, shapes, fixed splits and disjointness."""
+"""Tests for the task registry (dpmerge.data.registry) and the embedded tasks (loading, embedded, patches, bbc):
+shapes, fixed splits and disjointness."""
 
 from __future__ import annotations
 
 import functools
 import itertools
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dpmerge import tasks as T
-from dpmerge.tasks import EMBEDDED_TASKS, TASKS, TaskData, bbc_article_partition, load_task, patch_crop_boxes
+from dpmerge.data import bbc, embedded, fixed_split, loading, paper, paper_glue, paper_split, paper_vision, patches
+from dpmerge.data.bbc import bbc_article_partition
+from dpmerge.data.loading import TaskData, load_task
+from dpmerge.data.patches import patch_crop_boxes
+from dpmerge.data.registry import EMBEDDED_TASKS, PAPER_TASKS, TASKS, TaskSpec
 
 # The embedded tasks; the paper's datasets (read from a data directory) are tested in test_paper_data.py.
 ALL_TASKS = sorted(EMBEDDED_TASKS)
@@ -20,6 +27,9 @@ PAIR = [n for n in ALL_TASKS if TASKS[n].input_kind == "pair"]
 BBC = ["bbc_topic", "bbc_same_topic", "bbc_next_sentence"]
 PATCH = ["textures", "photos"]
 SMALL = 8  # image size for tests that look at whole splits; keeps them fast
+WORKFLOW = Path(__file__).resolve().parents[1] / "workflow"
+# Every module of the data room, for dropping all their in-memory caches at once.
+DATA_MODULES = (fixed_split, embedded, patches, bbc, loading, paper, paper_glue, paper_split, paper_vision)
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,9 +87,32 @@ def test_registry_contents():
 
 def test_taskspec_rejects_bad_fields():
     with pytest.raises(ValueError):
-        T.TaskSpec("x", "audio", "image", 2, "accuracy", "d", "p", "l")
+        TaskSpec("x", "audio", "image", 2, "accuracy", "d", "p", "l")
     with pytest.raises(ValueError):
-        T.TaskSpec("x", "text", "single", 2, "auc", "d", "p", "l")
+        TaskSpec("x", "text", "single", 2, "auc", "d", "p", "l")
+
+
+def test_one_registry_holds_every_task():
+    assert list(TASKS) == [*EMBEDDED_TASKS, *PAPER_TASKS]
+    for name, spec in TASKS.items():
+        assert spec.needs_data_dir == (name in PAPER_TASKS)
+        assert bool(spec.layout) == spec.needs_data_dir  # MissingDataError names the layout
+
+
+def test_taskspec_rejects_a_layout_that_does_not_fit():
+    with pytest.raises(ValueError, match="layout"):
+        TaskSpec("x", "text", "single", 2, "accuracy", "d", "p", "l", needs_data_dir=True)
+    with pytest.raises(ValueError, match="layout"):
+        TaskSpec("x", "text", "single", 2, "accuracy", "d", "p", "l", layout="glue/x/")
+
+
+def test_registry_imports_neither_torch_nor_numpy():
+    # The Snakefile and the config check read the registry before any job runs.
+    code = "import sys, dpmerge.data.registry; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(WORKFLOW), "PATH": ""})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_unknown_task_lists_known_names():
@@ -170,7 +203,7 @@ def test_fast_resize_matches_skimage():
     rng = np.random.default_rng(0)
     for src, dst, c in [(8, 64, 1), (48, 64, 3), (32, 13, 3), (25, 25, 1)]:
         imgs = rng.random((4, src, src, c)).astype(np.float32)
-        got = T._to_chw(imgs, dst)
+        got = fixed_split.to_chw(imgs, dst)
         want = np.stack(
             [resize(im, (dst, dst, c), order=1, anti_aliasing=dst < src) for im in imgs]
         ).transpose(0, 3, 1, 2)
@@ -221,9 +254,10 @@ def test_full_split_does_not_depend_on_seed(name):
 def test_fixed_split_rebuilds_identically(name):
     before = load_task(name, image_size=SMALL, max_train=50, max_test=20, seed=5)
     # Drop every in-memory cache so the split is really drawn again.
-    for obj in vars(T).values():
-        if hasattr(obj, "cache_clear"):
-            obj.cache_clear()
+    for module in DATA_MODULES:
+        for obj in vars(module).values():
+            if hasattr(obj, "cache_clear"):
+                obj.cache_clear()
     after = load_task(name, image_size=SMALL, max_train=50, max_test=20, seed=5)
     for field in ("train_inputs", "train_labels", "test_inputs", "test_labels"):
         assert _same(getattr(before, field), getattr(after, field))
@@ -350,7 +384,7 @@ def test_mnist1d_uses_package_split_and_restores_global_rng():
     expected_np, expected_py = np.random.random(), random.random()
     np.random.seed(123)
     random.seed(123)
-    built = T._build_mnist1d()  # bypasses the in-memory cache on purpose
+    built = embedded._build_mnist1d()  # bypasses the in-memory cache on purpose
     assert np.random.random() == expected_np and random.random() == expected_py
     assert built.train_raw.shape == (4000, 40) and built.test_raw.shape == (1000, 40)
     np.testing.assert_array_equal(built.train_labels, full("mnist1d").train_labels)
@@ -379,7 +413,7 @@ def test_pair_tasks_balanced(name):
 def test_bbc_partition_disjoint_and_deduplicated():
     part = bbc_article_partition()
     assert set(part) == set(BBC)
-    root = T._bbc_data_dir()
+    root = bbc._bbc_data_dir()
     for name, paths in part.items():
         assert len(paths) == len(set(paths)) > 100
         assert all((root / p).is_file() for p in paths)
@@ -399,7 +433,7 @@ def test_bbc_partition_disjoint_and_deduplicated():
 @functools.lru_cache(maxsize=None)
 def bbc_texts() -> dict[str, dict[str, list[str]]]:
     """task -> topic -> whitespace-normalised texts of that task's articles."""
-    root = T._bbc_data_dir()
+    root = bbc._bbc_data_dir()
     out: dict[str, dict[str, list[str]]] = {}
     for name, paths in bbc_article_partition().items():
         out[name] = {}
@@ -421,7 +455,7 @@ def _owners(sentence: str) -> set[tuple[str, str]]:
 def test_bbc_topic_examples_come_from_own_articles():
     data = load_task("bbc_topic", max_train=60, max_test=20, seed=1)
     titles = {}
-    root = T._bbc_data_dir()
+    root = bbc._bbc_data_dir()
     for task, paths in bbc_article_partition().items():
         for p in paths:
             title = norm_ws((root / p).read_bytes().decode("utf-8", errors="replace").partition("\n")[0])
@@ -466,11 +500,9 @@ def test_bbc_next_sentence_labels_and_ownership():
 def test_mnist1d_is_drawn_on_a_public_value_range_not_on_statistics_of_its_training_signals(monkeypatch):
     """The range used to come from percentiles of the private training signals (-3.09, 3.08): a statistic of
     private data outside any mechanism. It is a fixed constant now, whatever the signals are."""
-    from dpmerge import tasks
-
     ranges = []
-    monkeypatch.setattr(tasks, "_render_signals", lambda raw, lo, hi, size: ranges.append((lo, hi)) or
+    monkeypatch.setattr(embedded, "_render_signals", lambda raw, lo, hi, size: ranges.append((lo, hi)) or
                         np.zeros((len(raw), size, size), dtype=np.float32))
-    full = tasks._build_mnist1d()
+    full = embedded._build_mnist1d()
     full.render(full.train_raw[:2] * 10.0, 8)  # signals ten times larger: the same canvas range
-    assert ranges == [tasks.MNIST1D_VALUE_RANGE] == [(-3.0, 3.0)]
+    assert ranges == [embedded.MNIST1D_VALUE_RANGE] == [(-3.0, 3.0)]

@@ -11,10 +11,13 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from .backbones import BACKBONES
-from .merging import NEEDS_STATISTICS, OPERATORS
-from .methods import METHODS, SWEPT_PARAMETERS
-from .tasks import TASKS
+# Only torch-free registries: the Snakefile runs these checks before any job (tests/test_structure.py).
+from dpmerge.data.registry import TASKS
+from dpmerge.epsilon import eps_label
+from dpmerge.merge.specs import NEEDS_STATISTICS
+from dpmerge.merge.specs import SPECS as OPERATORS
+from dpmerge.models.registry import BACKBONES
+from dpmerge.training.methods import METHODS, SWEPT_PARAMETERS
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas/config.schema.yaml"
 MERGE_META_KEYS = ("operator", "vectors", "statistics")
@@ -23,12 +26,6 @@ MERGE_META_KEYS = ("operator", "vectors", "statistics")
 class ConfigError(ValueError):
     def __init__(self, message: str):
         super().__init__(f"config error: {message}")
-
-
-def eps_label(epsilon) -> str:
-    """One canonical spelling per epsilon: 4 and 4.0 are both 'eps4'."""
-    value = float(epsilon)
-    return f"eps{int(value)}" if value.is_integer() else f"eps{value:g}"
 
 
 def merge_operator(config: dict, name: str) -> str:
@@ -157,7 +154,7 @@ def _check_diagnostics(config):
         if target not in config["merge"]:
             raise ConfigError(f"diagnostics.{diagnostic}.operator: {target!r} is not among the configured merge "
                               f"operators ({', '.join(config['merge'])})")
-        if OPERATORS[merge_operator(config, target)].parts_layout is not None:
+        if OPERATORS[merge_operator(config, target)].personalized:
             raise ConfigError(f"diagnostics.{diagnostic}.operator: {target!r} gives one model per task, not one "
                               "merged model")
     if config["diagnostics"]["curvature"]["gammas"][0] != 0:

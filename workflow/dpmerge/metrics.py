@@ -1,15 +1,21 @@
-"""Task metrics on a 0-100 scale, one definition for the task registries (tasks.py, paper_data.py) and
-evaluation (evaluate.py). Light on purpose: numpy only, sklearn and scipy imported when a metric needs them."""
+"""Task metrics on a 0-100 scale, one definition for the task registry (data/registry.py) and
+evaluation (models/evaluation.py). Light on purpose: numpy only, sklearn and scipy imported when a metric needs them."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 METRICS = ("accuracy", "mcc", "f1", "f1_accuracy", "spearman")
 
 
 def score(metric: str, predictions: np.ndarray, labels: np.ndarray) -> float:
     """Task metric on a 0-100 scale."""
+    # numpy is imported here, not at the top: data/registry.py reads METRICS before any job, numpy-free.
+    import numpy as np
+
     predictions = np.asarray(predictions)
     labels = np.asarray(labels)
     if metric == "accuracy":

@@ -4,15 +4,32 @@ import os
 import shlex
 import sys
 
-from dpmerge.config_check import check_config, eps_label, merge_hyperparameters as _merge_hyperparameters
-from dpmerge.config_check import merge_operator as _merge_operator
+# Only the torch-free catalog (dpmerge/catalog.py): building the DAG of a paper preset imports no torch.
+from dpmerge.catalog import (
+    BACKBONES,
+    METHODS,
+    NEEDS_STATISTICS,
+    SWEPT_PARAMETERS,
+    ablation_table_caption,
+    check_config,
+    eps_label,
+    epsilon_of_label,
+    epsilon_sweep_table_caption,
+    gap_bound_figure_title,
+    interpolation_figure_title,
+    landscape_figure_title,
+    merge_hyperparameters as _merge_hyperparameters,
+    merge_operator as _merge_operator,
+    multitask_table_caption,
+    operators_table_caption,
+    parse_label,
+    sensitivity_table_caption,
+    sharpness_drift_figure_title,
+    sweep_label,
+)
 
 # The schema (with its defaults filled in) and every check it cannot express, before any job: dpmerge/config_check.py
 check_config(config)
-
-from dpmerge.backbones import BACKBONES
-from dpmerge.methods import METHODS, SWEPT_PARAMETERS, parse_label, sweep_label
-from dpmerge.merging import NEEDS_STATISTICS
 
 RESULTS = config["results"]
 
@@ -35,7 +52,7 @@ def merge_hyperparameters(name):
 
 
 def eps_value(label):
-    return None if label == "epsinf" else float(label.removeprefix("eps"))
+    return epsilon_of_label(label)
 
 
 def eps_labels_for(method):
@@ -485,16 +502,10 @@ def _kind(backbone):
     return config["backbones"][backbone]["kind"]
 
 
-def _seeds_note():
-    return f"mean ± std over {len(SEEDS)} seeds" if len(SEEDS) > 1 else "one seed"
-
-
+# Captions and titles: the wildcards and the config as plain values for dpmerge/report/captions.py
 def table1_caption(wildcards):
-    eps = eps_value(wildcards.eps)
-    return (
-        f"Multi-task scores (0-100, each task's own metric) with {_kind(wildcards.backbone)} ({wildcards.backbone}), "
-        f"epsilon = {eps:g}, {_seeds_note()}."
-    )
+    return multitask_table_caption(backbone=wildcards.backbone, kind=_kind(wildcards.backbone),
+                                   epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS))
 
 
 def table1_metric_flag(wildcards):
@@ -502,38 +513,28 @@ def table1_metric_flag(wildcards):
     return "--metric-in-header" if BACKBONES[_kind(wildcards.backbone)].modality == "text" else ""
 
 
-def _operator_label(name):
-    from dpmerge.tables import operator_label
-
-    return operator_label(name)
-
-
 def table4_caption(wildcards):
-    return (f"Average merged score (0-100) with {_operator_label(TABLE_OPERATOR)} at each privacy budget epsilon: "
-            f"naive DP vs DP-Merging, per backbone, {_seeds_note()}.")
+    return epsilon_sweep_table_caption(operator=TABLE_OPERATOR, n_seeds=len(SEEDS))
 
 
 def table5_caption(wildcards):
-    return (f"Ablation of DP-Merging with {_kind(wildcards.backbone)} ({wildcards.backbone}), epsilon = "
-            f"{eps_value(wildcards.eps):g}: average score over tasks (0-100) of the individual models and each merge; "
-            f"w/o Alignment = lambda 0 (DP-SAM only), w/o Flatness = rho 0 (anchor only); {_seeds_note()}.")
+    return ablation_table_caption(backbone=wildcards.backbone, kind=_kind(wildcards.backbone),
+                                  epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS))
 
 
 def sensitivity_caption(parameter):
     def caption(wildcards):
-        symbol = "rho" if parameter == "rho" else "lambda"
-        other = "lambda" if parameter == "rho" else "rho"
-        return (f"Sensitivity of {SWEEPS[parameter]['method']} + {_operator_label(TABLE_OPERATOR)} to {symbol} "
-                f"with {_kind(wildcards.backbone)} ({wildcards.backbone}), epsilon = "
-                f"{eps_value(sensitivity_epsilon(parameter)):g}, {other} at its configured value; scores 0-100, "
-                f"{_seeds_note()}.")
+        return sensitivity_table_caption(parameter=parameter, method=SWEEPS[parameter]["method"],
+                                         operator=TABLE_OPERATOR, backbone=wildcards.backbone,
+                                         kind=_kind(wildcards.backbone),
+                                         epsilon=eps_value(sensitivity_epsilon(parameter)), n_seeds=len(SEEDS))
 
     return caption
 
 
 def table8_caption(wildcards):
-    return (f"Robustness to the merge operator with {_kind(wildcards.backbone)} ({wildcards.backbone}), epsilon = "
-            f"{eps_value(wildcards.eps):g}: average score over tasks (0-100), {_seeds_note()}.")
+    return operators_table_caption(backbone=wildcards.backbone, kind=_kind(wildcards.backbone),
+                                   epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS))
 
 
 def table5_scores(wildcards):
@@ -556,23 +557,22 @@ def table7_scores(wildcards):
 
 
 def interpolation_title(wildcards):
-    operator = config["diagnostics"]["interpolation"]["operator"]
-    return f"{wildcards.backbone}, epsilon = {eps_value(wildcards.eps):g}: path from task model to {operator} merge"
+    return interpolation_figure_title(backbone=wildcards.backbone, epsilon=eps_value(wildcards.eps),
+                                      operator=config["diagnostics"]["interpolation"]["operator"])
 
 
 def sharpness_drift_title(wildcards):
-    return f"{wildcards.backbone} ({_kind(wildcards.backbone)}): sharpness and reference drift vs epsilon"
+    return sharpness_drift_figure_title(backbone=wildcards.backbone, kind=_kind(wildcards.backbone))
 
 
 def gap_bound_title(wildcards):
-    operator = config["diagnostics"]["curvature"]["operator"]
-    return f"{wildcards.backbone}: measured merge gap to {operator} vs Theorem 5.2's bound"
+    return gap_bound_figure_title(backbone=wildcards.backbone,
+                                  operator=config["diagnostics"]["curvature"]["operator"])
 
 
 def landscape_title(wildcards):
-    operator = config["diagnostics"]["landscape"]["operator"]
-    return (f"{wildcards.backbone}, epsilon = {eps_value(wildcards.eps):g}: loss landscape around the {operator} "
-            f"merge (mean test loss over tasks)")
+    return landscape_figure_title(backbone=wildcards.backbone, epsilon=eps_value(wildcards.eps),
+                                  operator=config["diagnostics"]["landscape"]["operator"])
 
 
 def tables_index_text():

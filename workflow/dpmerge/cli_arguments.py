@@ -1,0 +1,270 @@
+"""The `dpmerge` command line's arguments: every subcommand with its flags, defaults and help texts (`dpmerge
+--help`, `dpmerge <command> --help`). cli.py parses with this parser and dispatches; nothing here runs a stage.
+
+Torch-free: the merge operators listed in `merge --help` come from the catalog's operator specs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+STUDY_KEY_HELP = ("the study's secret key file (created with mode 0600 if missing; the workflow keeps it at "
+                  "<results>/private/study.key): it keys every random draw, so keep it private and back it up")
+
+TABLE_KINDS = {
+    "multitask": "Tables 1-3: every method's individual and merged scores per task (--metric-in-header: GLUE style)",
+    "epsilon_sweep": "Table 4: --operator's average merged score per privacy budget, naive DP vs DP-Merging",
+    "ablation": "Table 5: naive DP, w/o alignment, w/o flatness, full DP-Merging, per operator",
+    "rho": "Table 6: DP-Merging + --operator at each SAM radius rho",
+    "anchor_lambda": "Table 7: DP-Merging + --operator at each anchor strength lambda",
+    "operators": "Table 8: naive DP vs DP-Merging per merge operator",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dpmerge.catalog import OPERATOR_SPECS
+
+    parser = argparse.ArgumentParser(
+        prog="dpmerge",
+        description="Differentially private fine-tuning, task vectors and data-free merging (DP-Merging).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_figure_outputs(p):
+        p.add_argument("--title", default="", help="figure title")
+        p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
+
+    def add(name, help_text):
+        return sub.add_parser(name, help=help_text, description=help_text)
+
+    spec_help = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0", "trainable_blocks": 1}\''
+
+    p = add("prepare", "Load a task and cache the frozen trunk's features for it.")
+    p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--task", required=True, help="task name (see dpmerge.data.registry.TASKS)")
+    p.add_argument("--max-train", type=int, default=None, help="cap on training examples (seeded subset; 0 = no cap)")
+    p.add_argument("--max-test", type=int, default=None, help="cap on test examples (seeded subset; 0 = no cap)")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of the seeded subsets (the train/test split itself is fixed per task)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True, help="output .pt file")
+
+    p.add_argument("--data-dir", default=None,
+                   help="directory holding the paper's datasets (data/paper.py layouts); embedded tasks ignore it")
+    p.add_argument("--workers", type=int, default=1, help="threads decoding a paper dataset's images")
+
+    p = add("zeroshot-head",
+            "CLIP zero-shot head of one task: text embeddings of its class names in the task's prompt templates.")
+    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare' (for the class names)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True, help="output .safetensors")
+
+    p = add("prepare-data",
+            "Download one of the paper's datasets into the data directory in the layout 'prepare' reads (online).")
+    p.add_argument("--task", required=True, help="a vision task (sun397, cars, ...) or a GLUE task (cola, ...)")
+    p.add_argument("--data-dir", required=True)
+
+    p = add("make-standins",
+            "Write a tiny random CLIP and RoBERTa and tiny copies of the 16 paper datasets in their real formats.")
+    p.add_argument("--out", required=True, help="directory; gets clip/, roberta/ and data/")
+    p.add_argument("--vision-classes", type=int, default=3, help="classes per stand-in vision dataset")
+    p.add_argument("--train-per-class", type=int, default=24)
+    p.add_argument("--test-per-class", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=40, help="side of the stand-in images (before resizing)")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = add("pretrained", "Save the pretrained weights w0 of the trainable (merged) parameters.")
+    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--out", required=True, help="output .safetensors")
+
+    p = add("finetune", "Fine-tune one task privately and release its task vector and head.")
+    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
+    p.add_argument("--method", required=True,
+                   help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor; a sensitivity run's label such as "
+                        "dp_merging-rho0.1 or dp_merging-lambda0.5 must match the value in --hparams")
+    p.add_argument("--epsilon", type=float, default=None,
+                   help="target epsilon (delta = 1/N unless --hparams gives delta <= 1/N)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="repetition index, recorded in the release (default 0); the randomness comes from the "
+                        "study key, not from this number")
+    p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
+    p.add_argument("--hparams", default="{}",
+                   help="JSON of FinetuneConfig fields (epochs, batch_size, lr, neighbouring, rng, ...)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out-vector", required=True, help="task vector .safetensors")
+    p.add_argument("--out-head", required=True, help="task head .safetensors")
+    p.add_argument("--checkpoint", help="resumable state file, kept outside the outputs (removed when done)")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    # nargs="?": the workflow passes the flag with an empty value for backbones that train their heads
+    p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
+                   help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
+
+    ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
+                    for name, op in OPERATOR_SPECS.items())
+    p = add("merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")
+    p.add_argument("task_vectors", nargs="+", help="task vector .safetensors files")
+    p.add_argument("--method", required=True, help="merge operator name (listed above)")
+    p.add_argument("--vectors", choices=["task", "difference"], default="task",
+                   help="merge the task vectors tau_t, or the difference vectors tau_t - mean(tau) around the "
+                        "weight average (the result is then the average plus the merged differences)")
+    p.add_argument("--name", help="label of this merge in scores and tables (default: the method, with "
+                                  "'_difference' appended for difference vectors)")
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors (from 'dpmerge pretrained')")
+    p.add_argument("--param", action="append", help="operator hyperparameter key=value (repeatable)")
+    p.add_argument("-o", "--out", required=True, help="merged model .safetensors")
+
+    p.add_argument("--statistics", help="per-task data statistics for regmean / fisher (from 'dpmerge statistics')")
+
+    p = add("statistics",
+            "Per-task RegMean Gram matrices or Fisher diagonals of a release group's task models, on public data "
+            "(held out of private training, free) or on private training data (clipped, noised, and composed "
+            "with each task's fine-tuning budget; the total is recorded).")
+    p.add_argument("--kind", required=True, choices=["gram", "fisher"])
+    p.add_argument("--source", required=True, choices=["public", "private"])
+    p.add_argument("--examples", type=int, default=256,
+                   help="examples per task (default 256): private, the expected size of a Poisson sample at rate "
+                        "examples/N; public, the size of a fixed subset of the public dataset")
+    p.add_argument("--clip-norm", type=float, help="private: L2 bound of each example's whole contribution")
+    p.add_argument("--epsilon", type=float, help="private: the statistic's own epsilon at the task's delta")
+    p.add_argument("--study-key", help="private: " + STUDY_KEY_HELP)
+    p.add_argument("--public-data", help="public: the prepared file ('dpmerge prepare') of a dataset declared "
+                                         "public, outside every private training set")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("--heads", nargs="+", required=True)
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, one per task vector")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
+
+    p = add("evaluate", "Score every individual (w0 + tau_t) or merged model on every task's test set.")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
+    p.add_argument("--merged", help="merged model .safetensors (omit to evaluate the individual task vectors)")
+    p.add_argument("--task-vectors", nargs="*", help="task vectors, one per task (individual evaluation)")
+    p.add_argument("--heads", nargs="+", required=True, help="task heads, one per task")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order as --heads")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="output .parquet")
+
+    p = add("drift", "Reference drift ||w_t - w0|| / ||w0|| per task vector (paper Fig. 3b).")
+    p.add_argument("--base", required=True)
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("-o", "--out", required=True)
+
+    p = add("linearity",
+            "Joint-task loss linearity (Theorem C.8) per task pair: delta_{s,t}(alpha) = L_JTL(alpha w_s + "
+            "(1 - alpha) w_t) - alpha L_JTL(w_s) - (1 - alpha) L_JTL(w_t), L_JTL = L_s + L_t, beside its bound "
+            "1/2 alpha (1 - alpha) (lambda_s + lambda_t) ||w_s - w_t||^2 with lambda from a curvature file.")
+    p.add_argument("--curvature", required=True, help="the release group's 'dpmerge curvature' file (lambda_max per task)")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
+    p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (safetensors), one per task")
+    p.add_argument("--heads", nargs="+", required=True, help="one head per task vector, same order")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order")
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75],
+                   help="points strictly inside (0, 1) of the segment between two task models (default 0.25 0.5 0.75)")
+    p.add_argument("--max-examples", type=int, default=64,
+                   help="seeded test subsample per task; must match the curvature file's (default 64)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="output .parquet")
+
+    p = add("curvature",
+            "Per task: sharpness proxy, Hessian lambda_max (power iteration), merge gap and Theorem 5.2's bound.")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
+    p.add_argument("--merged", required=True, help="merged model (safetensors) the gap is measured to")
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("--heads", nargs="+", required=True, help="one head per task vector, same order")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order")
+    p.add_argument("--rho", type=float, default=0.05, help="sharpness radius (default 0.05)")
+    p.add_argument("--iterations", type=int, default=20, help="power iterations per lambda_max (default 20)")
+    p.add_argument("--tolerance", type=float, default=1e-3,
+                   help="stop a power iteration when lambda changes by less than this, relatively (default 1e-3)")
+    p.add_argument("--gammas", type=float, nargs="+", default=[0.0, 0.5, 1.0],
+                   help="points of the segment w_t -> w_merge where lambda_max is measured for beta_t "
+                        "(first must be 0; default 0 0.5 1)")
+    p.add_argument("--max-examples", type=int, default=64, help="seeded test subsample per task (default 64)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True, help="output Parquet, one row per task")
+
+    p = add("interpolate", "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True)
+    p.add_argument("--merged", required=True)
+    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("--heads", nargs="+", required=True)
+    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--points", type=int, default=11, help="number of gamma values in [0, 1]")
+    p.add_argument("--max-examples", type=int, default=200, help="seeded test subsample per task")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("-o", "--out", required=True)
+
+    p = add("landscape",
+            "2-D loss landscape of a merged model (paper App. B.4, Figs. 4, 5): every task's test loss and their "
+            "mean at w_merge + a d1 + b d2, on two filter-normalised random directions (Li et al. 2018) or on "
+            "the plane of two task vectors.")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--base", required=True, help="pretrained top weights w0 (safetensors)")
+    p.add_argument("--merged", required=True, help="merged model (safetensors): the centre (0, 0) of the plane")
+    p.add_argument("--task-vectors", nargs="+",
+                   help="task vectors (safetensors); the first two span the task_vectors plane, the random plane "
+                        "does not use them")
+    p.add_argument("--heads", nargs="+", required=True, help="one head per task, same order as --data")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files; the mean over these tasks is "
+                                                            "the merged model's multi-task loss")
+    p.add_argument("--plane", choices=["random", "task_vectors"], default="random",
+                   help="random: two filter-normalised Gaussian directions (biases and norm layers unmoved); "
+                        "task_vectors: the first two task vectors, unscaled (default random)")
+    p.add_argument("--points", type=int, default=9, help="grid points per axis, >= 3 (default 9: 81 points)")
+    p.add_argument("--span", type=float, default=1.0,
+                   help="each coordinate runs over linspace(-span, span, points) (default 1.0)")
+    p.add_argument("--max-examples", type=int, default=64, help="seeded test subsample per task (default 64)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random directions: seed and seed + 1 (default 0)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("-o", "--out", required=True,
+                   help="output Parquet: per grid point (a, b) one row per task and one of task 'mean'")
+
+    kinds = "; ".join(f"{name} = {text}" for name, text in TABLE_KINDS.items())
+    p = add("table", f"A paper table (Parquet, Markdown, LaTeX, HTML) from evaluation files: {kinds}. "
+                     "Cells are means over seeds, with +- the standard deviation where there are several.")
+    p.add_argument("scores", nargs="+", help="evaluation .parquet files ('dpmerge evaluate')")
+    p.add_argument("--kind", choices=list(TABLE_KINDS), default="multitask", help="which table (see above)")
+    p.add_argument("--operator", default="ties", help="merge the epsilon_sweep, rho and anchor_lambda tables report")
+    p.add_argument("--metric-in-header", action="store_true", help="name each task's metric in its column header")
+    p.add_argument("--caption", default="", help="caption written above the table")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex, PREFIX.html")
+
+    p = add("plot-sharpness-drift",
+            "Fig. 3: sharpness proxy and reference drift against epsilon, one line per method.")
+    p.add_argument("--curvature", nargs="+", required=True, help="curvature .parquet files ('dpmerge curvature')")
+    p.add_argument("--drift", nargs="+", required=True, help="drift .parquet files ('dpmerge drift')")
+    add_figure_outputs(p)
+
+    p = add("plot-gap-bound",
+            "Measured merge gap against Theorem 5.2's bound and Eq. (3)'s second-order estimate, per task model.")
+    p.add_argument("curvature", nargs="+", help="curvature .parquet files ('dpmerge curvature')")
+    add_figure_outputs(p)
+
+    p = add("plot-interpolation", "Figure of interpolation curves per task and method.")
+    p.add_argument("curves", nargs="+", help="interpolation .parquet files")
+    add_figure_outputs(p)
+
+    p = add("plot-landscape",
+            "Contour figure of loss landscapes (paper Figs. 4, 5): one panel per file, on one shared loss scale.")
+    p.add_argument("landscapes", nargs="+", help="landscape .parquet files from 'dpmerge landscape', one per panel")
+    add_figure_outputs(p)
+
+    p = add("ledger", "Collect and check the privacy records of all released task vectors.")
+    p.add_argument("task_vectors", nargs="+")
+    p.add_argument("-o", "--out", required=True, help="ledger .parquet")
+    p.add_argument("--report", required=True, help="ledger check report .md")
+    p.add_argument("--statistics", nargs="*", help="merge statistics files (from 'dpmerge statistics')")
+    p.add_argument("--statistics-out", help="per-task ledger of merge statistics .parquet")
+    return parser

@@ -1,0 +1,1 @@
+"""Data-free merging: tensor sources, streamed order statistics, the operators, private merge statistics."""

@@ -1,0 +1,165 @@
+"""Merge rules that also read per-task data statistics: RegMean (input Gram matrices) and Fisher merging
+(diagonal Fisher information). merge/statistics.py computes the statistics, on public data or privatized.
+
+- RegMean: Jin et al., "Dataless Knowledge Fusion by Merging Weights of Language Models", arXiv 2212.09849
+  (ICLR 2023): per linear layer, the closed-form least-squares fit to every task model's outputs on its own
+  inputs (`regmean_solve`, its pseudo-inverse applied without forming it by `weighted_times_pinv`).
+- Fisher merging: Matena and Raffel, "Merging Models with Fisher-Weighted Averaging", arXiv 2111.09832
+  (NeurIPS 2022): per parameter, the Fisher-weighted mean.
+
+Tensors that are not a linear layer's weight are averaged (merge/matrices.py). `IMPLEMENTATIONS` hands the rules
+to merge.registry, which pairs them with their defaults from merge.specs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpmerge.merge.matrices import mean_of
+from dpmerge.merge.sources import VectorSource
+from dpmerge.runtime import release_freed_memory
+
+# ---- RegMean
+
+
+def _needs(source: VectorSource, what: str, operator: str):
+    if source.statistics is None:
+        raise ValueError(f"{operator} needs per-task {what} (dpmerge statistics); none were given")
+    if len(source.statistics.per_task) != len(source):
+        raise ValueError(f"{operator}: {len(source.statistics.per_task)} tasks' {what} for {len(source)} task vectors")
+    return source.statistics
+
+
+def _regmean_check(reduce_non_diagonal_ratio):
+    if not 0 <= reduce_non_diagonal_ratio <= 1:
+        raise ValueError(f"regmean reduce_non_diagonal_ratio must be in [0, 1], got {reduce_non_diagonal_ratio}")
+
+
+def _regmean_statistics(source, reduce_non_diagonal_ratio):
+    return _needs(source, "Gram matrices", "regmean")
+
+
+def regmean_solve(matrices, grams, reduce_non_diagonal_ratio: float):
+    """argmin_W sum_i ||X_i W^T - X_i W_i^T||^2 = (sum_i W_i G_i)(sum_i G_i)^+ with G_i = X_i^T X_i, after
+    shrinking each G_i's off-diagonal entries by the ratio (RegMean's regularisation; 1 = none). Exact on task
+    vectors: w0 cancels because (sum G_i)(sum G_i)^+ acts as the identity on their row space. The
+    pseudo-inverse keeps privatized (possibly indefinite) or rank-deficient Grams well defined.
+
+    `matrices` and `grams` may be generators: one task's W_i and G_i are held at a time, and the pseudo-inverse
+    is applied without forming it (weighted_times_pinv), so the float64 work beyond the inputs is a few
+    in x in matrices whatever the task count."""
+    total = weighted = None
+    for matrix, gram in zip(matrices, grams):
+        reduced = gram.to(torch.float64, copy=True)  # a copy: the caller's Gram is never modified
+        diagonal = reduced.diagonal().clone()
+        reduced.mul_(reduce_non_diagonal_ratio).diagonal().add_((1 - reduce_non_diagonal_ratio) * diagonal)
+        product = matrix.double() @ reduced
+        if total is None:
+            total, weighted = reduced, product
+        else:
+            total.add_(reduced)
+            weighted.add_(product)
+        del reduced, product, matrix, gram
+        release_freed_memory()  # in x in float64 temporaries per task; keep them from piling up in the heap
+    operands = [weighted, total]
+    del weighted, total
+    return weighted_times_pinv(operands)
+
+
+def weighted_times_pinv(operands: list[torch.Tensor]) -> torch.Tensor:
+    """weighted @ pinv(total) for operands = [weighted, total] with `total` symmetric. The list is emptied so
+    each operand is freed as soon as it is no longer needed (ViT-L/14's 4096-wide Grams are 134 MB in float64).
+
+    When `total` is safely positive definite (Cholesky succeeds and its smallest pivot is above
+    torch.linalg.pinv's cutoff n * eps * max diagonal) the pseudo-inverse is the inverse, applied by two
+    triangular solves: no workspace beyond the factor. Otherwise (privatized Grams can be indefinite, a dead
+    input unit makes them singular) the pseudo-inverse comes from one eigendecomposition with pinv's cutoff."""
+    weighted, total = operands
+    operands.clear()
+    width = total.shape[0]
+    cutoff = width * torch.finfo(total.dtype).eps
+    release_freed_memory()
+    factor, info = torch.linalg.cholesky_ex(total)
+    if int(info) == 0 and factor.diagonal().square().min() > cutoff * total.diagonal().abs().max():
+        del total
+        # W T^{-1} = ((L L^T)^{-1} W^T)^T; both solves overwrite nothing the caller keeps
+        solved = torch.linalg.solve_triangular(factor, weighted.T, upper=False)
+        del weighted
+        solved = torch.linalg.solve_triangular(factor.T, solved, upper=True)
+        return solved.T
+    del factor
+    eigenvalues, eigenvectors = torch.linalg.eigh(total)
+    del total
+    threshold = eigenvalues.abs().max() * cutoff
+    inverse = torch.where(eigenvalues.abs() > threshold, 1 / eigenvalues, torch.zeros_like(eigenvalues))
+    projected = weighted @ eigenvectors
+    del weighted
+    return projected.mul_(inverse) @ eigenvectors.T
+
+
+def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
+    if key not in statistics.keys():  # not a linear layer's weight: averaged
+        return mean_of(tensors)
+    width = tensors[0].reshape(tensors[0].shape[0], -1).shape[1]
+
+    def grams():
+        for index, name in enumerate(statistics.names):
+            gram = statistics.tensor(index, key)
+            if tuple(gram.shape) != (width, width):
+                raise ValueError(f"{name}: Gram of {key!r} has shape {tuple(gram.shape)}, the weight needs "
+                                 f"({width}, {width})")
+            yield gram
+
+    matrices = (t.reshape(t.shape[0], -1) for t in tensors)
+    merged = regmean_solve(matrices, grams(), reduce_non_diagonal_ratio)
+    return merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+# ---- Fisher merging
+
+
+def _fisher_check(normalize_fisher_weight, minimal_fisher_weight):
+    if not isinstance(normalize_fisher_weight, bool):
+        raise ValueError(f"fisher normalize_fisher_weight must be true or false, got {normalize_fisher_weight!r}")
+    if not minimal_fisher_weight >= 0:
+        raise ValueError(f"fisher minimal_fisher_weight must be >= 0, got {minimal_fisher_weight}")
+
+
+def _fisher_statistics(source, normalize_fisher_weight, minimal_fisher_weight):
+    """The Fisher source, and each task's global L2 norm of its Fisher (streamed) when normalising."""
+    statistics = _needs(source, "Fisher information", "fisher")
+    missing = sorted(set(source.keys()) - statistics.keys())
+    if missing:
+        raise ValueError(f"fisher: the Fisher statistics lack tensors the task vectors have: {missing[:5]}")
+    norms = None
+    if normalize_fisher_weight:
+        squares = torch.zeros(len(source), dtype=torch.float64)
+        for key in source.keys():
+            for index in range(len(source)):
+                squares[index] += statistics.tensor(index, key).double().square().sum()
+        norms = squares.sqrt().tolist()
+    return statistics, norms
+
+
+def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_weight):
+    statistics, norms = stats
+    numerator = torch.zeros_like(tensors[0])
+    denominator = torch.zeros_like(tensors[0])
+    for index, (tensor, name) in enumerate(zip(tensors, statistics.names)):  # one task's Fisher at a time
+        fisher_tensor = statistics.tensor(index, key)
+        if fisher_tensor.shape != tensor.shape:
+            raise ValueError(f"{name}: Fisher of {key!r} has shape {tuple(fisher_tensor.shape)}, "
+                             f"the tensor has {tuple(tensor.shape)}")
+        if norms is not None and norms[index] > 0:
+            fisher_tensor = fisher_tensor / norms[index]
+        weight = fisher_tensor.to(tensor.dtype) + minimal_fisher_weight
+        numerator += weight * tensor
+        denominator += weight
+    return numerator / denominator
+
+
+# What merge.registry pairs with each name's OperatorSpec.
+IMPLEMENTATIONS = {
+    "regmean": {"per_tensor": _regmean_tensor, "statistics": _regmean_statistics, "check": _regmean_check},
+    "fisher": {"per_tensor": _fisher_tensor, "statistics": _fisher_statistics, "check": _fisher_check},
+}

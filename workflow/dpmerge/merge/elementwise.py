@@ -1,0 +1,187 @@
+"""Merge rules that combine task vectors entry by entry: weight averaging, task arithmetic, TIES, DARE, PCB.
+
+- Weight averaging / model soups: Wortsman et al., "Model soups: averaging weights of multiple fine-tuned models
+  improves accuracy without increasing inference time", arXiv 2203.05482 (ICML 2022).
+- Task arithmetic: Ilharco et al., "Editing Models with Task Arithmetic", arXiv 2212.04089 (ICLR 2023).
+- TIES-Merging: Yadav et al., "TIES-Merging: Resolving Interference When Merging Models", arXiv 2306.01708
+  (NeurIPS 2023); its global top-k threshold is an exact streamed order statistic (merge/order_statistics.py).
+- DARE: Yu et al., "Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free
+  Lunch", arXiv 2311.03099 (ICML 2024), followed by task arithmetic.
+- PCB-merging: Du et al., "Parameter Competition Balancing for Model Merging", arXiv 2410.02396 (NeurIPS 2024),
+  as PCB_merge in its reference code, without the evolutionary search of per-task coefficients.
+
+Each rule is `<name>_tensor(key, tensors, stats, **hyper)`, after an optional `<name>_statistics(source,
+**hyper)` pass over whole task vectors; `IMPLEMENTATIONS` hands them to merge.registry, which pairs them with
+their defaults from merge.specs.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from dpmerge.merge.order_statistics import (
+    streamed_order_statistics,
+    task_magnitudes,
+    top_magnitude_threshold,
+    total_numel,
+)
+from dpmerge.merge.sources import VectorSource
+
+# ---- weight averaging and task arithmetic
+
+
+def _weight_averaging_tensor(key, tensors, stats):
+    return torch.stack(tensors).mean(0)
+
+
+def _task_arithmetic_tensor(key, tensors, stats, scaling):
+    return scaling * torch.stack(tensors).sum(0)
+
+
+# ---- TIES-merging
+
+
+def _keep_above(values: torch.Tensor, threshold: float) -> torch.Tensor:
+    if threshold == float("inf"):
+        return torch.zeros_like(values)
+    return torch.where(values.abs() >= threshold, values, torch.zeros_like(values))
+
+
+def _ties_check(density, scaling, merge_func, topk_scope):
+    if not 0 <= density <= 1:
+        raise ValueError(f"ties density must be in [0, 1], got {density}")
+    if merge_func not in ("mean", "sum"):
+        raise ValueError(f"ties merge_func must be 'mean' or 'sum', got {merge_func!r}")
+    if topk_scope not in ("global", "per_tensor"):
+        raise ValueError(f"ties topk_scope must be 'global' or 'per_tensor', got {topk_scope!r}")
+
+
+def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_scope):
+    """Global top-k: each task vector's magnitude threshold over all its entries, streamed."""
+    if topk_scope != "global":
+        return None
+    numel = total_numel(source)
+    k = int(round(density * numel))
+    if k >= numel:
+        return [0.0] * len(source)  # keep everything (|v| >= 0)
+    if k <= 0:
+        return [float("inf")] * len(source)  # keep nothing
+    # The same order statistic as top_magnitude_threshold's kthvalue(numel - k + 1), 0-based.
+    ranked = streamed_order_statistics(lambda: task_magnitudes(source), [[numel - k]] * len(source))
+    return [values[0] for values in ranked]
+
+
+def _ties_tensor(key, tensors, thresholds, density, scaling, merge_func, topk_scope):
+    if thresholds is None:  # per-tensor top-k
+        thresholds = [top_magnitude_threshold(t.reshape(-1), density) for t in tensors]
+    # Trimmed tensors are formed twice, one task at a time (for the elected sign's mass, then for the disjoint
+    # merge), rather than stacked: the temporaries stay a few tensors of one name instead of several per task.
+    mass = torch.zeros_like(tensors[0])
+    for tensor, threshold in zip(tensors, thresholds):
+        mass += _keep_above(tensor, threshold)
+    elected = torch.sign(mass)
+    del mass
+    merged = torch.zeros_like(tensors[0])
+    agreeing = torch.zeros_like(tensors[0])
+    for tensor, threshold in zip(tensors, thresholds):
+        trimmed = _keep_above(tensor, threshold)
+        agrees = (torch.sign(trimmed) == elected) & (trimmed != 0)
+        merged += trimmed.masked_fill_(~agrees, 0)
+        agreeing += agrees
+        del trimmed, agrees
+    if merge_func == "mean":
+        merged /= agreeing.clamp_(min=1)
+    return (scaling * merged).to(tensors[0].dtype)
+
+
+# ---- DARE
+
+
+def _dare_check(drop_rate, scaling, seed):
+    if not 0 <= drop_rate < 1:
+        raise ValueError(f"dare drop_rate must be in [0, 1), got {drop_rate}")
+
+
+def _dare_tensor(key, tensors, stats, drop_rate, scaling, seed):
+    kept = []
+    for index, t in enumerate(tensors):
+        # One generator per (seed, task, tensor name): the masks do not depend on the order tensors are read in.
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + index * 7919 + zlib.crc32(key.encode()))
+        keep = torch.rand(t.shape, generator=generator) >= drop_rate
+        kept.append(torch.where(keep, t / (1.0 - drop_rate), torch.zeros_like(t)))
+    return scaling * torch.stack(kept).sum(0)
+
+
+# ---- PCB-merging
+
+
+_PCB_OUTLIER_FRACTION = 1e-4  # the reference code clamps |tau| to its [1e-4, 1 - 1e-4] quantiles per task
+
+
+def _pcb_check(ratio, scaling):
+    if not 0 < ratio <= 1:
+        raise ValueError(f"pcb ratio must be in (0, 1], got {ratio}")
+
+
+def _pcb_task_balance(tensor: torch.Tensor, total: torch.Tensor, count: int, low: float, high: float):
+    """One task's clamped vector and balance scores: intra-balance exp(T * normalised |tau|^2) times
+    inter-balance tanh(tau_i * sum_j tau_j), as PCB_merge of the reference code (computed task by task so
+    memory holds one task's temporaries at a time)."""
+    magnitude = tensor.abs().clamp(low, high)
+    clamped = torch.sign(tensor) * magnitude
+    intra = torch.exp(count * _normalised(magnitude, low, high) ** 2)
+    return clamped, intra * torch.tanh(tensor * total)
+
+
+def _normalised(values, low: float, high: float):
+    """(v - min) / (max - min) with one task's bounds; 0 where they are equal (the reference divides by 0)."""
+    if high > low:
+        return (values - low) / (high - low)
+    return torch.zeros_like(values)
+
+
+def _pcb_statistics(source: VectorSource, ratio, scaling):
+    """Per task: the clamp bounds of |tau| and of the balance scores, each an exact quantile over the whole
+    flattened task vector (as the reference sorts it), computed by streamed radix selection."""
+    numel = total_numel(source)
+    count = len(source)
+    magnitude_ranks = [int(numel * _PCB_OUTLIER_FRACTION), int(numel * (1 - _PCB_OUTLIER_FRACTION) - 1)]
+
+    bounds = streamed_order_statistics(lambda: task_magnitudes(source), [magnitude_ranks] * count)
+    low = [b[0] for b in bounds]
+    high = [b[1] for b in bounds]
+
+    def balance_scores():
+        for key in source.keys():
+            tensors = source.tensors(key)
+            total = torch.stack(tensors).sum(0)
+            yield (_pcb_task_balance(t, total, count, low[i], high[i])[1] for i, t in enumerate(tensors))
+
+    score_ranks = [int(numel * (1 - ratio)), numel - 1]
+    score_bounds = streamed_order_statistics(balance_scores, [score_ranks] * count)
+    return low, high, [b[0] for b in score_bounds], [b[1] for b in score_bounds]
+
+
+def _pcb_tensor(key, tensors, stats, ratio, scaling):
+    low, high, score_low, score_high = stats
+    total = torch.stack(tensors).sum(0)
+    numerator = torch.zeros_like(total)
+    denominator = torch.zeros_like(total)
+    for i, tensor in enumerate(tensors):
+        clamped, scores = _pcb_task_balance(tensor, total, len(tensors), low[i], high[i])
+        weight = _normalised(scores.clamp(score_low[i], score_high[i]), score_low[i], score_high[i])
+        numerator += clamped * weight
+        denominator += weight
+    return scaling * numerator / denominator.clamp(min=1e-12)
+
+
+# What merge.registry pairs with each name's OperatorSpec.
+IMPLEMENTATIONS = {
+    "weight_averaging": {"per_tensor": _weight_averaging_tensor},
+    "task_arithmetic": {"per_tensor": _task_arithmetic_tensor},
+    "ties": {"per_tensor": _ties_tensor, "statistics": _ties_statistics, "check": _ties_check},
+    "dare": {"per_tensor": _dare_tensor, "check": _dare_check},
+    "pcb": {"per_tensor": _pcb_tensor, "statistics": _pcb_statistics, "check": _pcb_check},
+}

@@ -1,0 +1,193 @@
+"""Personalized merges, one light model per task: EMR, TALL masks and DTS; and consensus task arithmetic,
+which uses the same TALL masks to make one shared model.
+
+A personalized rule returns (shared tensor, [parts of task t]); its layout `<name>_layout(shape, dtype,
+**hyper)` gives each part's (dtype, shape) and `<name>_reconstruct(shared, parts, **hyper)` rebuilds task t's
+vector at evaluation (merge.registry stores the parts and calls these).
+
+- EMR-merging: Huang et al., "EMR-Merging: Tuning-Free High-Performance Model Merging", arXiv 2405.17461
+  (NeurIPS 2024): an elected unified vector, per task a mask and a rescaler.
+- TALL masks and consensus task arithmetic: Wang et al., "Localizing Task Information for Improved Model
+  Merging and Compression", arXiv 2405.07813 (ICML 2024).
+- DTS: Guo et al., "Stay Unique, Stay Efficient: Preserving Model Personality in Multi-Task Merging", arXiv
+  2512.01461: per task a truncated SVD with 2-bit four-group codes (`dts_quantize` / `dts_dequantize`); DTS-T
+  on task vectors, DTS-D on difference vectors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpmerge.merge.matrices import check_include_conv, matrix_view
+from dpmerge.merge.sources import VectorSource
+
+# ---- TALL masks: one per task (tall_masks), or their consensus (consensus_ta)
+
+
+def tall_masks(tensors: list[torch.Tensor], tall_mask_lambda: float, summed: torch.Tensor | None = None):
+    """TALL masks (Wang et al., 2024), one per task, made lazily: entry j matters to task t if
+    |tau_t| > lambda |tau_MTL - tau_t|, with tau_MTL = sum_t tau_t, i.e. the task's own update outweighs what the
+    multi-task vector adds on top of it."""
+    summed = torch.stack(tensors).sum(0) if summed is None else summed
+    return (t.abs() > tall_mask_lambda * (summed - t).abs() for t in tensors)
+
+
+def _consensus_check(scaling, tall_mask_lambda, min_agreement):
+    if not tall_mask_lambda >= 0:
+        raise ValueError(f"consensus tall_mask_lambda must be >= 0, got {tall_mask_lambda}")
+    if not isinstance(min_agreement, int) or min_agreement < 0:
+        raise ValueError(f"consensus min_agreement must be a non-negative integer, got {min_agreement!r}")
+
+
+def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreement):
+    summed = torch.stack(tensors).sum(0)
+    agreement = torch.zeros(summed.shape, dtype=torch.int32)
+    for mask in tall_masks(tensors, tall_mask_lambda, summed):  # one task's temporaries at a time
+        agreement += mask
+    return scaling * torch.where(agreement >= min_agreement, summed, torch.zeros_like(summed))
+
+
+def _tall_tensor(key, tensors, stats, tall_mask_lambda):
+    summed = torch.stack(tensors).sum(0)
+    return summed, [{"mask": m.to(torch.uint8)} for m in tall_masks(tensors, tall_mask_lambda, summed)]
+
+
+def _tall_check(tall_mask_lambda):
+    if not tall_mask_lambda >= 0:
+        raise ValueError(f"tall_masks tall_mask_lambda must be >= 0, got {tall_mask_lambda}")
+
+
+def _mask_reconstruct(shared, parts, **_):
+    return parts["mask"].to(shared.dtype) * shared
+
+
+def _mask_layout(shape, dtype, **_):
+    return {"mask": (torch.uint8, tuple(shape))}
+
+
+# ---- EMR-merging
+
+
+def _emr_statistics(source: VectorSource):
+    """Per-task rescalers lambda_t = sum|tau_t| / sum|M_t * tau_uni| over the whole vector (streamed)."""
+    own = torch.zeros(len(source), dtype=torch.float64)
+    kept = torch.zeros(len(source), dtype=torch.float64)
+    for key in source.keys():
+        tensors = source.tensors(key)
+        unified, masks = _emr_unified(tensors)
+        own += torch.stack([t.double().abs().sum() for t in tensors])
+        kept += torch.stack([(unified * m).double().abs().sum() for m in masks])
+    return [float(o / k) if k > 0 else 0.0 for o, k in zip(own, kept)]
+
+
+def _emr_unified(tensors):
+    """EMR's elect step: sign of the sum, then per entry the largest |tau_t| among tasks of that sign; masks
+    M_t = (tau_t * tau_uni > 0)."""
+    sign = torch.sign(torch.stack(tensors).sum(0))
+    magnitude = torch.zeros_like(sign)
+    for t in tensors:  # one task's temporaries at a time
+        magnitude = torch.maximum(magnitude, torch.where(torch.sign(t) == sign, t.abs(), torch.zeros_like(t)))
+    unified = sign * magnitude
+    return unified, (t * unified > 0 for t in tensors)
+
+
+def _emr_tensor(key, tensors, rescalers):
+    unified, masks = _emr_unified(tensors)
+    parts = [{"mask": m.to(torch.uint8), "scale": torch.tensor(r, dtype=tensors[0].dtype)}
+             for m, r in zip(masks, rescalers)]
+    return unified, parts
+
+
+def _emr_layout(shape, dtype, **_):
+    return {"mask": (torch.uint8, tuple(shape)), "scale": (dtype, ())}
+
+
+def _emr_reconstruct(shared, parts):
+    return parts["scale"] * parts["mask"].to(shared.dtype) * shared
+
+
+# ---- DTS: per task, truncated SVD (a fraction r of the singular values) with 2-bit codes for U and V: sign, and
+# above/below the median magnitude of that sign; each of the four groups is decoded as its mean |value|.
+
+
+def _dts_check(rank_fraction, include_conv):
+    if not 0 < rank_fraction <= 1:
+        raise ValueError(f"dts rank_fraction must be in (0, 1], got {rank_fraction}")
+    check_include_conv(include_conv)
+
+
+def _dts_rank(shape, rank_fraction):
+    return max(1, int(round(rank_fraction * min(shape[0], int(torch.Size(shape[1:]).numel())))))
+
+
+def _dts_layout(shape, dtype, rank_fraction, include_conv):
+    if len(shape) == 2 or (include_conv and len(shape) == 4):
+        rows, cols = shape[0], int(torch.Size(shape[1:]).numel())
+        k = _dts_rank(shape, rank_fraction)
+        return {"u_codes": (torch.uint8, (rows, k)), "u_scales": (dtype, (4,)), "s": (dtype, (k,)),
+                "v_codes": (torch.uint8, (k, cols)), "v_scales": (dtype, (4,))}
+    return {"codes": (torch.uint8, tuple(shape)), "scales": (dtype, (4,))}
+
+
+def dts_quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """2-bit codes (0/1: positive small/large, 2/3: negative small/large, split at the median magnitude of each
+    sign) and the four groups' mean |value| (the L2-optimal scale of each group)."""
+    flat = values.reshape(-1)
+    codes = torch.zeros(flat.shape, dtype=torch.uint8)
+    scales = torch.zeros(4, dtype=values.dtype)
+    for base, chosen in ((0, flat > 0), (2, flat < 0)):
+        magnitudes = flat[chosen].abs()
+        if magnitudes.numel() == 0:
+            continue
+        large = magnitudes > magnitudes.median()
+        group = torch.full(magnitudes.shape, base, dtype=torch.uint8) + large.to(torch.uint8)
+        codes[chosen] = group
+        for offset in (0, 1):
+            members = magnitudes[group == base + offset]
+            if members.numel():
+                scales[base + offset] = members.mean()
+    codes[flat == 0] = 0  # zeros decode to the smallest positive group: 2 bits cannot say "zero"
+    return codes.reshape(values.shape), scales
+
+
+def dts_dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    signs = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=scales.dtype)
+    return (signs * scales)[codes.long()]
+
+
+def _dts_tensor(key, tensors, stats, rank_fraction, include_conv):
+    parts = []
+    for t in tensors:
+        matrix = matrix_view(t, include_conv)
+        if matrix is None:
+            codes, scales = dts_quantize(t)
+            parts.append({"codes": codes, "scales": scales})
+            continue
+        k = _dts_rank(t.shape, rank_fraction)
+        u, s, vh = torch.linalg.svd(matrix.float(), full_matrices=False)
+        u_codes, u_scales = dts_quantize(u[:, :k])
+        v_codes, v_scales = dts_quantize(vh[:k])
+        dtype = t.dtype
+        parts.append({"u_codes": u_codes, "u_scales": u_scales.to(dtype), "s": s[:k].to(dtype),
+                      "v_codes": v_codes, "v_scales": v_scales.to(dtype)})
+    return torch.zeros_like(tensors[0]), parts
+
+
+def _dts_reconstruct(shared, parts, rank_fraction, include_conv):
+    if "codes" in parts:
+        return shared + dts_dequantize(parts["codes"], parts["scales"])
+    u = dts_dequantize(parts["u_codes"], parts["u_scales"])
+    vh = dts_dequantize(parts["v_codes"], parts["v_scales"])
+    return shared + ((u * parts["s"]) @ vh).reshape(shared.shape)
+
+
+# What merge.registry pairs with each name's OperatorSpec.
+IMPLEMENTATIONS = {
+    "emr": {"per_tensor": _emr_tensor, "statistics": _emr_statistics, "parts_layout": _emr_layout,
+            "reconstruct": _emr_reconstruct},
+    "tall_masks": {"per_tensor": _tall_tensor, "check": _tall_check, "parts_layout": _mask_layout,
+                   "reconstruct": _mask_reconstruct},
+    "dts": {"per_tensor": _dts_tensor, "check": _dts_check, "parts_layout": _dts_layout,
+            "reconstruct": _dts_reconstruct},
+    "consensus_ta": {"per_tensor": _consensus_tensor, "check": _consensus_check},
+}

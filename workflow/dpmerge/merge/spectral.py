@@ -1,0 +1,165 @@
+"""Merge rules on each weight matrix's geometry: WUDI-merging, TSV-M, Iso-C and Iso-CTS.
+
+- WUDI-merging: Cheng et al., "Whoever Started the Interference Should End It: Guiding Data-Free Model Merging
+  via Task Vectors", arXiv 2503.08099 (ICML 2025): Adam on the interference each task's own inputs see
+  (`wudi_solve`, with its gradient in closed form).
+- TSV-M: Gargiulo et al., "Task Singular Vectors: Reducing Task Interference in Model Merging", arXiv
+  2412.00081 (CVPR 2025): every task's top singular triplets, orthogonalised.
+- Iso-C and Iso-CTS: Marczak et al., "No Task Left Behind: Isotropic Model Merging with Common and
+  Task-Specific Subspaces", arXiv 2502.04959 (ICML 2025): a flat singular spectrum over a common subspace,
+  with (CTS) every task's own directions outside it.
+
+Tensors that are not weight matrices are averaged (merge/matrices.py). `IMPLEMENTATIONS` hands the rules to
+merge.registry, which pairs them with their defaults from merge.specs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpmerge.merge.matrices import check_include_conv, matrix_view, mean_of
+
+# ---- WUDI-merging
+
+
+def _wudi_check(iterations, lr, scaling, include_conv):
+    if not isinstance(iterations, int) or iterations < 0:
+        raise ValueError(f"wudi iterations must be a non-negative integer, got {iterations!r}")
+    if not lr > 0:
+        raise ValueError(f"wudi lr must be positive, got {lr}")
+    check_include_conv(include_conv)
+
+
+def wudi_solve(matrices: list[torch.Tensor], iterations: int, lr: float):
+    """min_tau sum_i ||(tau - tau_i) tau_i^T||_F^2 / ||tau_i||_F^2 by Adam from tau = sum_i tau_i.
+
+    Returns (tau, losses) with the loss before every step and after the last. The gradient is computed in
+    closed form, 2 (tau A - B) with A = sum_i tau_i^T tau_i / ||tau_i||^2 and B = sum_i tau_i tau_i^T tau_i /
+    ||tau_i||^2 formed once, so a step costs one (out x in) @ (in x in) product instead of T (out x in x out)
+    products and their backward; the iterates equal autograd's on the same loss up to rounding (tested).
+    A task vector with zero norm contributes no term (the reference would divide by zero). Memory: the T
+    matrices (one tensor per task), A, B and Adam's two moments.
+    """
+    # A, B and the constant are accumulated one task at a time: T (in x in) Grams at once would be 8 x 38 MB
+    # for ViT-B/32's fc2, more than the task vectors themselves.
+    a = torch.zeros(matrices[0].shape[1], matrices[0].shape[1], dtype=matrices[0].dtype)
+    b = torch.zeros_like(matrices[0])
+    constant = torch.zeros((), dtype=matrices[0].dtype)
+    for matrix in matrices:
+        norm = matrix.pow(2).sum()
+        if norm == 0:
+            continue
+        gram = matrix.T @ matrix
+        projected = matrix @ gram
+        a.add_(gram / norm)
+        b.add_(projected / norm)
+        constant += (projected * matrix).sum() / norm
+        del gram, projected
+    start = matrices[0].clone()
+    for matrix in matrices[1:]:
+        start.add_(matrix)
+    tau = torch.nn.Parameter(start)
+    optimizer = torch.optim.Adam([tau], lr=lr, weight_decay=0)
+    losses = []
+    with torch.no_grad():
+        for _ in range(iterations + 1):
+            tau_a = tau @ a
+            losses.append(float((tau_a * tau).sum() - 2 * (tau * b).sum() + constant))
+            if len(losses) > iterations:
+                break
+            tau.grad = 2 * (tau_a - b)
+            optimizer.step()
+    return tau.detach(), losses
+
+
+def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
+    matrices = [matrix_view(t, include_conv) for t in tensors]
+    if matrices[0] is None:
+        return scaling * mean_of(tensors)
+    merged, _ = wudi_solve([m.float() for m in matrices], iterations, lr)
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+# ---- Task singular vectors (TSV-M) and isotropic merging (Iso-C, Iso-CTS)
+
+
+def _svd_check(scaling, include_conv, **_):
+    check_include_conv(include_conv)
+
+
+def _polar(matrix: torch.Tensor) -> torch.Tensor:
+    """The orthogonal factor U V^T of matrix = U S V^T (closest matrix with orthonormal columns/rows)."""
+    u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+    return u @ vh
+
+
+def _tsvm_tensor(key, tensors, stats, scaling, include_conv):
+    matrices = [matrix_view(t, include_conv) for t in tensors]
+    count = len(tensors)
+    rank = min(matrices[0].shape) // count if matrices[0] is not None else 0
+    if rank == 0:  # not a matrix, or fewer singular directions than tasks: averaged
+        return scaling * mean_of(tensors)
+    out_dim, in_dim = matrices[0].shape
+    width = min(out_dim, in_dim)
+    u_all = torch.zeros(out_dim, width)
+    s_all = torch.zeros(width)
+    vh_all = torch.zeros(width, in_dim)
+    for i, matrix in enumerate(matrices):
+        u, s, vh = torch.linalg.svd(matrix.float(), full_matrices=False)
+        u_all[:, i * rank:(i + 1) * rank] = u[:, :rank]
+        s_all[i * rank:(i + 1) * rank] = s[:rank]
+        vh_all[i * rank:(i + 1) * rank] = vh[:rank]
+    merged = _polar(u_all) @ torch.diag(s_all) @ _polar(vh_all)
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+def _iso_c_tensor(key, tensors, stats, scaling, include_conv):
+    summed = matrix_view(torch.stack(tensors).sum(0), include_conv)
+    if summed is None:
+        return scaling * mean_of(tensors)
+    u, s, vh = torch.linalg.svd(summed.float(), full_matrices=False)
+    merged = s.mean() * (u @ vh)  # the spectrum flattened to its mean: every direction equally scaled
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+def _iso_cts_check(scaling, common_space_fraction, include_conv):
+    if not 0 <= common_space_fraction <= 1:
+        raise ValueError(f"iso_cts common_space_fraction must be in [0, 1], got {common_space_fraction}")
+    check_include_conv(include_conv)
+
+
+def _iso_cts_tensor(key, tensors, stats, scaling, common_space_fraction, include_conv):
+    matrices = [matrix_view(t, include_conv) for t in tensors]
+    if matrices[0] is None:
+        return scaling * mean_of(tensors)
+    matrices = [m.float() for m in matrices]
+    count = len(matrices)
+    width = min(matrices[0].shape)
+    # Common subspace from the sum's top directions; the rest split equally between tasks (reference sizing).
+    common = int(width * common_space_fraction)
+    common = width - round((width - common) / count) * count
+    per_task = (width - common) // count
+    u, s, vh = torch.linalg.svd(torch.stack(matrices).sum(0), full_matrices=False)
+    u_common, s_common, vh_common = u[:, :common], s[:common], vh[:common]
+    u_all, s_all, vh_all = torch.zeros_like(u), torch.zeros_like(s), torch.zeros_like(vh)
+    for i, matrix in enumerate(matrices):
+        specific = matrix - u_common @ (u_common.T @ matrix)  # task's part outside the common subspace
+        u_t, s_t, vh_t = torch.linalg.svd(specific, full_matrices=False)
+        u_all[:, i * per_task:(i + 1) * per_task] = u_t[:, :per_task]
+        s_all[i * per_task:(i + 1) * per_task] = s_t[:per_task]
+        vh_all[i * per_task:(i + 1) * per_task] = vh_t[:per_task]
+    start = count * per_task
+    u_all[:, start:start + common] = u_common
+    s_all[start:start + common] = s_common
+    vh_all[start:start + common] = vh_common
+    merged = s_all.mean() * (_polar(u_all) @ _polar(vh_all))
+    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+# What merge.registry pairs with each name's OperatorSpec.
+IMPLEMENTATIONS = {
+    "wudi": {"per_tensor": _wudi_tensor, "check": _wudi_check},
+    "tsv_m": {"per_tensor": _tsvm_tensor, "check": _svd_check},
+    "iso_c": {"per_tensor": _iso_c_tensor, "check": _svd_check},
+    "iso_cts": {"per_tensor": _iso_cts_tensor, "check": _iso_cts_check},
+}

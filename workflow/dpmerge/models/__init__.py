@@ -1,0 +1,1 @@
+"""Backbones: what every backbone is (base), the registry of kinds, one module per architecture."""

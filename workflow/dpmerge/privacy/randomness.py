@@ -1,0 +1,144 @@
+"""Random streams of the randomized mechanisms, derived from the study's secret key (privacy/study_key.py).
+
+A mechanism (one fine-tune, one private merge statistic) asks `MechanismRandomness(key, identity, rng)` for
+named streams ("poisson_sampler", "gaussian_noise", ...); each stream's secret material is
+HMAC-SHA256(key, identity, name). Two generators (config `privacy.rng`):
+
+- ``keyed`` (default): torch's own generators, with their whole state derived from the key, so they cost what
+  torch's generators cost. torch's CPU generator is an MT19937 whose `manual_seed` keeps only 32 bits of any seed
+  (2^32 candidate seeds could be tried one by one), so its 624-word state is written directly from
+  SHAKE-256(material): 19,968 secret bits. A CUDA generator (Philox) takes a 64-bit seed. Neither generator is
+  cryptographically secure (about 624 consecutive raw outputs of an MT19937 determine the rest), but no raw output
+  is ever released, only noisy clipped sums of them.
+- ``secure``: every draw comes from SHAKE-256 (FIPS 202) in counter mode under the material, a cryptographically
+  secure generator. Uniforms have 53 random bits; Gaussians come from Box-Muller, and each noise coordinate is the
+  sum of four such draws halved, which is how Opacus's secure_mode defends against floating-point attacks on
+  the Gaussian sampler (Holohan & Braghin, "Secure Random Sampling in Differential Privacy", arXiv 2107.10138,
+  Sec. 5.1). Drawn on the CPU and copied to the device; bench/dp_step.py measures its cost.
+
+Every stream has `get_state` / `set_state`, so a checkpointed run resumes bit-identically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import torch
+
+from dpmerge.privacy.study_key import derive
+
+RNG_MODES = ("keyed", "secure")
+
+# torch's CPU generator state (CPUGeneratorImplState, ATen/CPUGeneratorImpl.cpp): the_initial_seed (u64), left
+# (i32), seeded (i32), next (u64), then MT19937's 624 state words (one u32 each, stored as u64), then the cached
+# normal draws. tests/test_randomness.py checks this layout against Python's own MT19937.
+_MT_WORDS = 624
+_MT_STATE_OFFSET = 24
+_CPU_STATE_BYTES = 5056
+
+
+def _words_generator(words: np.ndarray) -> torch.Generator:
+    """A torch CPU generator whose MT19937 state is exactly these 624 32-bit words (twisted before the first
+    draw, as after manual_seed)."""
+    template = torch.Generator().manual_seed(0).get_state()
+    if template.numel() != _CPU_STATE_BYTES:
+        raise RuntimeError(f"torch {torch.__version__}: CPU generator state is {template.numel()} bytes, expected "
+                           f"{_CPU_STATE_BYTES}; dpmerge.privacy.randomness must learn this torch's layout")
+    if len(words) != _MT_WORDS or not np.any(words):  # all-zero is the one state an MT19937 cannot leave
+        raise ValueError(f"an MT19937 state is {_MT_WORDS} words, not all zero")
+    state = template.numpy().copy()
+    state[_MT_STATE_OFFSET:_MT_STATE_OFFSET + 8 * _MT_WORDS] = np.asarray(words, dtype="<u8").view(np.uint8)
+    state[:8] = 0  # the_initial_seed: no seed stands behind this state
+    generator = torch.Generator()
+    generator.set_state(torch.from_numpy(state))
+    return generator
+
+
+def _cpu_generator(material: bytes) -> torch.Generator:
+    return _words_generator(np.frombuffer(hashlib.shake_256(material).digest(4 * _MT_WORDS), dtype="<u4"))
+
+
+class GeneratorStream:
+    """Draws from one torch generator (the `keyed` mode, or a plain seeded generator in tests)."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def uniform(self, count: int) -> torch.Tensor:
+        """`count` uniforms in [0, 1), float32, on the generator's device."""
+        return torch.rand(count, generator=self.generator, device=self.generator.device)
+
+    def normal(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
+        return torch.randn(shape, generator=self.generator, dtype=dtype, device=self.generator.device)
+
+    def get_state(self):
+        return self.generator.get_state()
+
+    def set_state(self, state) -> None:
+        self.generator.set_state(state)
+
+
+class SecureStream:
+    """SHAKE-256 in counter mode: block i of the stream is SHAKE-256(material | i), as long as the draw needs."""
+
+    def __init__(self, material: bytes):
+        self._material = material
+        self._counter = 0
+
+    def _unit_interval(self, count: int) -> torch.Tensor:
+        """`count` uniforms in (0, 1] with 53 random bits each (never 0, so log(u) is finite), float64, from one
+        fresh SHAKE-256 output."""
+        block = hashlib.shake_256(self._material + self._counter.to_bytes(8, "little")).digest(8 * count)
+        self._counter += 1
+        words = torch.frombuffer(bytearray(block), dtype=torch.int64)  # bit patterns; the top 53 bits are used
+        return (torch.bitwise_right_shift(words, 11) & ((1 << 53) - 1)).to(torch.float64).add_(1.0).mul_(2.0**-53)
+
+    def uniform(self, count: int) -> torch.Tensor:
+        return (1.0 - self._unit_interval(count)).to(torch.float32)  # [0, 1)
+
+    def normal(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
+        """N(0, 1) per coordinate: four Box-Muller draws summed and halved (Opacus's secure_mode)."""
+        count = math.prod(shape)
+        pairs = (count + 1) // 2
+        u = self._unit_interval(8 * pairs).view(4, 2, pairs)
+        radius = torch.sqrt(u[:, 0].log_().mul_(-2.0))
+        angle = u[:, 1].mul_(2.0 * math.pi)
+        draws = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1)[:, :count]
+        return (draws.sum(0) / 2.0).reshape(tuple(shape)).to(dtype=dtype, device=device)
+
+    def get_state(self):
+        return torch.tensor(self._counter, dtype=torch.int64)
+
+    def set_state(self, state) -> None:
+        self._counter = int(state)
+
+
+class MechanismRandomness:
+    """The secret streams of one mechanism: its identity (every setting that makes it this mechanism and not
+    another) and the study key determine them; nothing in a release does."""
+
+    def __init__(self, key: bytes, identity: dict, rng: str = "keyed"):
+        if rng not in RNG_MODES:
+            raise ValueError(f"privacy.rng must be one of {', '.join(RNG_MODES)}, got {rng!r}")
+        self._key, self.identity, self.rng = key, dict(identity), rng
+
+    def material(self, stream: str) -> bytes:
+        return derive(self._key, self.identity, stream)
+
+    def stream(self, name: str, device: str | torch.device = "cpu"):
+        material = self.material(name)
+        if self.rng == "secure":
+            return SecureStream(material)
+        device = torch.device(device)
+        if device.type == "cpu":
+            return GeneratorStream(_cpu_generator(material))
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int.from_bytes(material[:8], "little"))  # Philox: all 64 bits are used
+        return GeneratorStream(generator)
+
+    def seed(self, name: str) -> int:
+        """A 63-bit integer seed for what takes only an integer (e.g. torch.manual_seed for a head's initial
+        weights, which need no secrecy: DP holds for any public initialisation)."""
+        return int.from_bytes(self.material(name)[:8], "little") >> 1

@@ -1,0 +1,1 @@
+"""What a reader sees: the paper's tables, figures and their labels."""

@@ -1,0 +1,44 @@
+"""What the paper calls things: method, operator and table-row labels for tables, figures and captions."""
+
+from __future__ import annotations
+
+METHOD_LABELS = {
+    "nonprivate": "Non-private",
+    "naive_dp": "DP",
+    "dp_merging": "DP-Merging",
+    "dp_sam": "DP-Merging w/o alignment",
+    "dp_anchor": "DP-Merging w/o flatness",
+}
+ABLATIONS = ("dp_sam", "dp_anchor")
+# Table 5's rows: (method, label); dp_sam keeps SAM and drops the anchor, dp_anchor the reverse
+ABLATION_ROWS = (
+    ("naive_dp", "DP"),
+    ("dp_sam", "w/o Alignment"),
+    ("dp_anchor", "w/o Flatness"),
+    ("dp_merging", "DP-Merging (full)"),
+)
+SENSITIVITY_SYMBOLS = {"rho": "ρ", "anchor_lambda": "λ"}
+OPERATOR_LABELS = {
+    "weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES", "dare": "DARE",
+    "pcb": "PCB", "wudi": "WUDI", "tsv_m": "TSV-M", "iso_c": "Iso-C", "iso_cts": "Iso-CTS",
+    "regmean": "RegMean", "fisher": "Fisher", "consensus_ta": "Consensus TA", "emr": "EMR (per-task models)",
+    "tall_masks": "TALL masks (per-task models)", "dts": "DTS-T (per-task models)",
+    "dts_difference": "DTS-D (per-task models)",
+}
+AVERAGE = "Avg."
+# Table 1's improvement column ("improvement" in its name makes its cells signed)
+AVERAGE_GAIN = "Avg. improvement over DP"
+
+
+def operator_label(name: str) -> str:
+    """Label of a configured merge: the operator's, and 'ties_difference' -> 'TIES (difference vectors)'."""
+    if name in OPERATOR_LABELS:
+        return OPERATOR_LABELS[name]
+    base, _, variant = name.rpartition("_")
+    if variant == "difference" and base in OPERATOR_LABELS:
+        return f"{OPERATOR_LABELS[base]} (difference vectors)"
+    return name
+
+
+def label_of(mapping: dict, key: str) -> str:
+    return mapping.get(key, key)

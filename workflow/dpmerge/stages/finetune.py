@@ -1,0 +1,61 @@
+"""Private fine-tuning of one task. Rule: finetune (one run per backbone, task, method, budget and seed); it
+releases the task vector and head, each with the run's privacy record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpmerge.stages.common import log
+
+
+def finetune(*, backbone: str, backbone_spec: dict, data: str, method_label: str, method: str, hparams: dict,
+             epsilon: float | None, seed: int, study_key: str, out_vector: str, out_head: str,
+             checkpoint: str | None = None, checkpoint_every: int = 10, zeroshot_head: str | None = None) -> None:
+    """Fine-tune the task in `data` with `method` (its sweep label `method_label`, recorded in the release) and
+    write its task vector and head.
+
+    A backbone that classifies with frozen zero-shot heads needs `zeroshot_head`; other backbones train a fresh
+    head. `checkpoint` is a resumable state file, removed when the run is done.
+    """
+    from dpmerge.artifacts import load_prepared, load_tensors, save_released
+    from dpmerge.models.registry import BACKBONES
+    from dpmerge.models.spec import backbone_from_spec
+    from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+    from dpmerge.training.finetune import FinetuneConfig
+    from dpmerge.training.finetune import finetune as train
+
+    prepared = load_prepared(data)
+    network = backbone_from_spec(backbone_spec)
+    if prepared["pretrained_sha256"] != network.checkpoint_sha256:
+        raise ValueError(f"{data} was prepared from different pretrained weights; rerun prepare")
+    try:
+        config = FinetuneConfig(method=method, target_epsilon=epsilon, seed=seed, **hparams)
+    except TypeError as error:
+        raise ValueError(f"bad fine-tuning hyperparameters {sorted(hparams)}: {error}") from None
+    head = None
+    if zeroshot_head:
+        head, head_meta = load_tensors(zeroshot_head)
+        if head_meta.get("pretrained_sha256") != network.checkpoint_sha256 or head_meta.get("task") != prepared["task"]:
+            raise ValueError(f"{zeroshot_head} is the zero-shot head of {head_meta.get('task')!r} from other "
+                             "pretrained weights or another task; rerun zeroshot-head")
+    elif BACKBONES[backbone_spec["kind"]].zeroshot_heads:
+        raise ValueError(f"backbone {backbone!r} classifies with frozen zero-shot heads: pass --zeroshot-head "
+                         "(from 'dpmerge zeroshot-head')")
+    try:
+        key = load_or_create_key(study_key)
+    except StudyKeyError as error:
+        raise ValueError(f"--study-key: {error}") from None
+    result = train(
+        network, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
+        prepared["train_labels"], config, study_key=key,
+        identity={"backbone": backbone, "task": prepared["task"], "method": method_label}, log=log,
+        checkpoint=checkpoint, checkpoint_every=checkpoint_every, head=head, train_head=head is None,
+    )
+    # Training losses are statistics of private data: they stay in the job log, never in a released file.
+    identity = {"backbone": backbone, "task": prepared["task"]}
+    save_released(out_head, result.head, result.record, {**identity, "artifact": "head"})
+    save_released(out_vector, result.task_vector, result.record, {**identity, "artifact": "task_vector"})
+    if checkpoint:
+        Path(checkpoint).unlink(missing_ok=True)
+    log(f"[finetune] released {out_vector} (spent epsilon {result.record['spent_epsilon']})")

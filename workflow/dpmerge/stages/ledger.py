@@ -1,0 +1,34 @@
+"""The privacy ledger of a study. Rule: privacy_ledger: every released task vector's record and every merge
+statistic's, collected into Parquet tables and a report, and checked against their budgets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpmerge.stages.common import log
+
+
+def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[str] | None = None,
+           statistics_out: str | None = None) -> None:
+    """Write the ledger (and the statistics' ledger) and the report, then fail if any check failed: the report
+    is written either way, so a failed check can be read."""
+    from dpmerge.artifacts import atomic_write
+    from dpmerge.privacy.ledger import (
+        build_ledger,
+        build_statistics_ledger,
+        check_ledger,
+        check_statistics,
+        ledger_report,
+    )
+
+    table = build_ledger(task_vectors)
+    statistics_table = build_statistics_ledger(statistics or [])
+    problems = check_ledger(table) + check_statistics(statistics_table, table)
+    atomic_write(out, lambda tmp: table.to_parquet(tmp, index=False))
+    if statistics_out:
+        atomic_write(statistics_out, lambda tmp: statistics_table.to_parquet(tmp, index=False))
+    atomic_write(report, lambda tmp: Path(tmp).write_text(ledger_report(table, problems, statistics_table)))
+    if problems:
+        raise ValueError("privacy ledger check failed:\n  " + "\n  ".join(problems))
+    log(f"[ledger] {len(table)} released task vectors, all within budget")

@@ -1,0 +1,200 @@
+"""Merging a release group's task vectors. Rules: merge_statistics (`statistics`: per-task RegMean Grams or
+Fisher diagonals, on public data or privatized private data) and merge (`merge`: any registered operator,
+streamed tensor by tensor into w0 + merged vector).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpmerge.stages.common import log, read_task_vectors, release_identity
+
+
+def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vectors: str = "task",
+          name: str | None = None, params: dict | None = None, statistics: str | None = None) -> None:
+    """Merge released task vectors with `operator` (hyperparameters `params`) into a model w0 + merged vector.
+
+    `vectors` "task" merges the task vectors, "difference" their differences around the weight average.
+    RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors. The output's
+    metadata records the inputs, the hyperparameters and the (epsilon, delta) the model is released at.
+    """
+    from dpmerge.artifacts import LazySafetensors, file_tensors_sha256, write_tensors_streaming
+    from dpmerge.merge.registry import (
+        NEEDS_STATISTICS,
+        OPERATORS,
+        is_part,
+        is_personalized,
+        merge_stream,
+        stored_layout,
+    )
+    from dpmerge.merge.sources import SafetensorsSource, check_same_structure
+    from dpmerge.merge.storage import personalized_storage
+    from dpmerge.models.base import task_model_weights
+    from dpmerge.privacy.release import check_release_group, checked_release_records, merged_release_budget
+
+    params = params or {}
+    w0 = LazySafetensors(base)
+    metas = checked_release_records(task_vectors)
+    check_release_group(metas)
+    if metas[0]["pretrained_sha256"] != w0.metadata.get("pretrained_sha256"):
+        raise ValueError(f"task vectors were trained from other pretrained weights than {base}")
+    statistics_source, statistics_meta = None, None
+    if operator in NEEDS_STATISTICS:
+        if not statistics:
+            raise ValueError(f"{operator} needs --statistics (from 'dpmerge statistics --kind "
+                             f"{NEEDS_STATISTICS[operator]}')")
+        statistics_source, statistics_meta = statistics_source_of(statistics, NEEDS_STATISTICS[operator], metas,
+                                                                  task_vectors)
+    elif statistics:
+        raise ValueError(f"{operator} uses no data statistics; drop --statistics")
+
+    def model_tensor(key: str, merged: torch.Tensor) -> torch.Tensor:
+        # The merged model is stored at w0's precision, whatever precision the operator computed in.
+        return task_model_weights({key: w0.get_tensor(key)}, {key: merged.to(w0.dtype(key))})[key]
+
+    source = SafetensorsSource(task_vectors, statistics_source)  # every vector has the first one's tensors...
+    check_same_structure([base, task_vectors[0]], [w0.structure(), source.files[0].structure()])
+    # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
+    # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model. merge_stream
+    # checks the operator and its hyperparameters now, before anything is read.
+    merged_model = (
+        (key, merged if is_part(key) else model_tensor(key, merged))
+        for key, merged in merge_stream(operator, source, vectors, **params)
+    )
+    name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
+    hyper = {**OPERATORS[operator].defaults, **params}  # merge_stream has refused unknown ones
+    release_epsilon, release_delta = merged_release_budget(metas, statistics_meta)
+    meta = {
+        "artifact": "merged_model",
+        "operator": operator,
+        "merge_name": name,
+        "vectors": vectors,
+        "hyperparameters": hyper,
+        "backbone": metas[0]["backbone"],
+        "method": metas[0]["method"],
+        "target_epsilon": metas[0]["target_epsilon"],
+        "seed": metas[0]["seed"],
+        "pretrained_sha256": metas[0]["pretrained_sha256"],
+        "tasks": [m["task"] for m in metas],
+        "inputs": [{"path": p, "sha256": file_tensors_sha256(p)} for p in task_vectors],
+        "release_epsilon": release_epsilon,
+        "release_delta": release_delta,
+    }
+    if statistics_meta is not None:
+        meta["statistics"] = {"path": statistics, "kind": statistics_meta["kind"],
+                              "source": statistics_meta["source"], "records": statistics_meta["records"]}
+    layout = {key: (w0.dtype(key), w0.shape(key)) for key in source.keys()}
+    if is_personalized(operator):
+        # One model per task at evaluation: the shared tensors (a loadable model) plus per-task parts.
+        meta["personalized"] = storage = personalized_storage(operator, layout, **params)
+        extra, model = storage["extra_bits_per_task"], storage["model_bits"]
+        log(f"[merge] {operator}: {extra / 8 / 2**20:.2f} MiB per task beside the shared model "
+            f"({100 * extra / model:.1f} % of one model)")
+    layout = stored_layout(operator, layout, len(metas), **params)
+    write_tensors_streaming(out, layout, merged_model, meta)  # a failure midway leaves no file
+    log(f"[merge] {name}: {operator} {hyper} of {vectors} vectors over {len(metas)} task vectors "
+        f"(streamed) -> {out}")
+
+
+def statistics_source_of(path: str, kind: str, metas: list[dict], vector_paths: list[str]):
+    """The per-task statistics of a `dpmerge statistics` file, checked against the vectors being merged, and the
+    file's metadata."""
+    from dpmerge.artifacts import LazySafetensors, file_tensors_sha256
+    from dpmerge.merge.sources import StatisticsSource
+
+    file = LazySafetensors(path)
+    meta = file.metadata
+    if meta.get("artifact") != "merge_statistics" or meta.get("kind") != kind:
+        raise ValueError(f"{path} is not a {kind} statistics file (from 'dpmerge statistics --kind {kind}')")
+    if meta["tasks"] != [m["task"] for m in metas]:
+        raise ValueError(f"{path} covers tasks {meta['tasks']}, the vectors are {[m['task'] for m in metas]}")
+    for record, vector_path in zip(meta["records"], vector_paths):
+        if record["task_vector_sha256"] != file_tensors_sha256(vector_path):
+            raise ValueError(f"{path} was computed from another task vector than {vector_path}")
+
+    class Prefixed:
+        def __init__(self, index):
+            self.prefix = f"{index}/"
+
+        def keys(self):
+            return [k.removeprefix(self.prefix) for k in file.keys() if k.startswith(self.prefix)]
+
+        def get_tensor(self, key):
+            return file.get_tensor(self.prefix + key)
+
+    return StatisticsSource([Prefixed(i) for i in range(len(metas))],
+                            [f"{path} (task {task})" for task in meta["tasks"]]), meta
+
+
+def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_vectors: list[str],
+               heads: list[str], data: list[str], out: str, examples: int = 256, clip_norm: float | None = None,
+               epsilon: float | None = None, study_key: str | None = None, public_data: str | None = None) -> None:
+    """Per-task `kind` ("gram" or "fisher") statistics of each task model w0 + tau_t, from `source` "public"
+    (a fixed subset of `public_data`, free) or "private" (a keyed Poisson sample of the task's own training
+    data, clipped to `clip_norm` and noised for `epsilon`, composed with the task's fine-tuning budget)."""
+    from dpmerge.artifacts import file_tensors_sha256, load_prepared, load_tensors, save_tensors
+    from dpmerge.merge.statistics import fisher_statistics, gram_statistics, private_sample
+    from dpmerge.models.base import task_model_weights
+    from dpmerge.models.spec import backbone_from_spec
+    from dpmerge.privacy.release import check_public_dataset
+    from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+
+    network = backbone_from_spec(backbone_spec)
+    w0, _ = load_tensors(base)
+    vectors, metas = read_task_vectors(task_vectors)
+    key = None
+    if source == "private":
+        try:
+            key = load_or_create_key(study_key)
+        except StudyKeyError as error:
+            raise ValueError(f"--study-key: {error}") from None
+    public = None
+    if source == "public":
+        public = load_prepared(public_data)
+        check_public_dataset(public["task"], [m["task"] for m in metas], public_data)
+        if public["pretrained_sha256"] != network.checkpoint_sha256:
+            raise ValueError(f"{public_data} was prepared from other pretrained weights; rerun prepare")
+    tensors, records = {}, []
+    for index, (vector, meta, head_path, data_path) in enumerate(zip(vectors, metas, heads, data)):
+        prepared = load_prepared(data_path)
+        if prepared["task"] != meta["task"]:
+            raise ValueError(f"{data_path} holds task {prepared['task']!r}, {task_vectors[index]} "
+                             f"was trained on {meta['task']!r}")
+        record = {"task": meta["task"], "source": source,
+                  "task_vector_sha256": file_tensors_sha256(task_vectors[index])}
+        clip, sigma, noise = None, 0.0, None
+        if public is not None:
+            # Public data needs no secret randomness: a fixed subset, the same for every task and run.
+            available = len(public["train_labels"])
+            chosen = torch.randperm(available, generator=torch.Generator().manual_seed(0))[:examples]
+            features, normaliser = tuple(f[chosen.sort().values] for f in public["train_features"]), len(chosen)
+            record.update(public_dataset=public["task"], examples=int(len(chosen)))
+        else:
+            # Private data: a secret Poisson sample, each example's whole contribution clipped to C, Gaussian
+            # noise, a mean over the expected count; accounted and composed (merge_statistics.private_sample).
+            drawn = private_sample(kind, meta, record["task_vector_sha256"], len(prepared["train_labels"]),
+                                   examples, clip_norm, epsilon, key)
+            features = tuple(f[drawn.indices] for f in prepared["train_features"])
+            clip, sigma, noise, normaliser = clip_norm, drawn.noise_multiplier, drawn.noise, drawn.normaliser
+            record.update(drawn.record)
+        network.load_top_state(task_model_weights(w0, vector))
+        if kind == "gram":
+            result = gram_statistics(network, features, clip, sigma, noise, normaliser=normaliser)
+        else:
+            head, _ = load_tensors(head_path)
+            result = fisher_statistics(network, head, features, clip, sigma, noise, normaliser=normaliser)
+        # Statistics of the network's layers, under the names the task vectors are released with.
+        result = network.release_statistics(kind, result)
+        tensors.update({f"{index}/{name}": value for name, value in result.items()})
+        records.append(record)
+        used = f"public {public['task']}" if public is not None else "private (Poisson-sampled)"
+        count = len(features[0]) if public is not None else f"~{examples} (expected)"
+        log(f"[statistics] {kind} of {meta['task']} on {count} {used} examples"
+            + (f", sigma {sigma:.3f}, total epsilon {record['total_epsilon']:.4f}" if sigma else ""))
+    meta = {"artifact": "merge_statistics", "kind": kind, "source": source,
+            "tasks": [m["task"] for m in metas], "records": records, **release_identity(metas[0]),
+            "pretrained_sha256": metas[0]["pretrained_sha256"]}
+    if public is not None:
+        meta["public_dataset"] = public["task"]
+    save_tensors(out, tensors, meta)
+    log(f"[statistics] wrote {out}")

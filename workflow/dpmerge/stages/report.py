@@ -1,0 +1,72 @@
+"""The paper's tables and figures from the stages' Parquet outputs. Rules (paper.smk): table1, table4-table8
+(`table`), figure_interpolation, figure_sharpness_drift, figure_gap_bound and figure_landscape (the plot
+commands).
+"""
+
+from __future__ import annotations
+
+from dpmerge.stages.common import log
+
+
+def _read_all(paths: list[str]):
+    import pandas as pd
+
+    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+
+
+def table(*, kind: str, scores: list[str], out_prefix: str, caption: str = "", operator: str = "ties",
+          metric_in_header: bool = False) -> None:
+    """A paper table from evaluation files, written as PREFIX.parquet, .md, .tex and .html. `kind`: multitask
+    (Tables 1-3), epsilon_sweep (4), ablation (5), rho (6), anchor_lambda (7) or operators (8)."""
+    from dpmerge.report import tables
+
+    frame = _read_all(scores)
+    if metric_in_header and kind != "multitask":
+        raise ValueError("--metric-in-header applies to --kind multitask only")
+    try:
+        if kind == "multitask":
+            result = tables.table1(frame, metric_in_header=metric_in_header)
+        elif kind == "epsilon_sweep":
+            result = tables.table_epsilon_sweep(frame, operator=operator)
+        elif kind == "ablation":
+            result = tables.table_ablation(frame)
+        elif kind in ("rho", "anchor_lambda"):
+            result = tables.table_sensitivity(frame, kind, operator=operator)
+        else:
+            result = tables.table_operators(frame)
+    except ValueError as error:
+        raise ValueError(f"{kind} table from {len(scores)} score files: {error}") from None
+    for path in tables.write_table(result, out_prefix, caption):
+        log(f"[table] wrote {path}")
+
+
+def plot_sharpness_drift(*, curvature: list[str], drift: list[str], out: list[str], title: str = "") -> None:
+    from dpmerge.report.figures import plot_sharpness_drift as plot
+
+    plot(_read_all(curvature), _read_all(drift), out, title)
+    log(f"[figure] wrote {', '.join(out)}")
+
+
+def plot_gap_bound(*, curvature: list[str], out: list[str], title: str = "") -> None:
+    from dpmerge.report.figures import plot_gap_vs_bound
+
+    plot_gap_vs_bound(_read_all(curvature), out, title)
+    log(f"[figure] wrote {', '.join(out)}")
+
+
+def plot_interpolation(*, curves: list[str], out: list[str], title: str = "") -> None:
+    from dpmerge.report.figures import plot_interpolation as plot
+
+    plot(_read_all(curves), out, title)  # drawn once, saved in every format asked for
+    log(f"[figure] wrote {', '.join(out)}")
+
+
+def plot_landscape(*, landscapes: list[str], out: list[str], title: str = "") -> None:
+    import pandas as pd
+
+    from dpmerge.report.figures import plot_landscape as plot
+
+    frames = [pd.read_parquet(p) for p in landscapes]
+    for path in out:
+        plot(frames, path, title)
+        log(f"[figure] wrote {path}")

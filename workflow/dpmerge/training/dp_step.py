@@ -1,0 +1,142 @@
+"""The DP step of the paper, one equation per function ("When Privacy Hurts Mergeability", arXiv 2608.26655):
+
+    g~ = (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B        Eq. (4)  privatized_gradient, B = q*N expected
+    eps = rho * g~ / ||g~||   (0 if ||g~|| = 0)                Eq. (5)  sam_perturbation
+    h~ = g~(w + eps) on the same Poisson batch                 Eq. (6)  perturbed + sharpness_aware_query
+    w <- AdamW(w, h~ + 2*lambda*(w - w0))                       Eq. (7)  add_anchor, AFTER privatization
+
+Poisson sampling of the batch: poisson_batch. The methods are one-line step functions (`STEPS`, called through
+method_update): nonprivate (plain gradient), naive_dp (Eq. 4), dp_merging (Eq. 4-7), dp_sam (w/o alignment:
+lambda = 0) and dp_anchor (w/o flatness: anchor on one query per step). Per-example clipped gradient sums come
+from training/persample.py (Opacus vmap/hooks or our one-backward book-keeping, identical results); noise, the
+SAM perturbation and the anchor are done here, so each of the two DP-SAM queries is visible and accounted (see
+privacy/accounting.py). Normalising by the expected batch size (not the realised one) keeps the normaliser
+data-independent, as Opacus does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from dpmerge.training.methods import Method
+
+
+def clipped_gradient_sum(clipper, features: tuple[torch.Tensor, ...], labels: torch.Tensor, clip_norm: float):
+    """sum_i clip_C(grad l(w; z_i)) over the batch, one tensor per trainable parameter (see training/persample.py)."""
+    return clipper.clipped_sum(features, labels, clip_norm)
+
+
+def privatized_gradient(
+    clipper,
+    features: tuple[torch.Tensor, ...],
+    labels: torch.Tensor,
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    noise,
+) -> list[torch.Tensor]:
+    """Eq. (4): g~ = (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B. One query of the Gaussian mechanism.
+
+    `noise` is a secret stream (privacy/randomness.py: `normal(shape, dtype, device)`), never a publicly seeded one.
+    """
+    summed = clipped_gradient_sum(clipper, features, labels, clip_norm)
+    # In place on the fresh sums: at ViT/RoBERTa scale every extra full-size temporary costs measurable time.
+    for s in summed:
+        s.add_(noise.normal(s.shape, s.dtype, s.device), alpha=noise_multiplier * clip_norm)
+        s.div_(expected_batch_size)
+    return summed
+
+
+def sam_perturbation(gradient: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
+    """Eq. (5): eps = rho * g / ||g||_2, and 0 when ||g|| = 0. Post-processing of g: no privacy cost."""
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradient)))
+    if norm == 0:
+        return [torch.zeros_like(g) for g in gradient]
+    return torch._foreach_mul(gradient, rho / norm)
+
+
+@contextlib.contextmanager
+def perturbed(params: list[torch.Tensor], perturbation: list[torch.Tensor]):
+    """Temporarily move the weights to w + eps; restored bit-exactly (from a copy: (w + eps) - eps != w in floats)."""
+    with torch.no_grad():
+        saved = torch._foreach_add(params, 0.0)  # one fused copy
+        torch._foreach_add_(params, perturbation)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(params, saved)
+
+
+def poisson_batch(num_examples: int, sample_rate: float, sampler) -> torch.Tensor:
+    """Indices of a Poisson-sampled batch: each example independently with probability q (size varies).
+    `sampler` is a secret stream (privacy/randomness.py): amplification by subsampling needs the batch to be secret."""
+    return torch.nonzero(sampler.uniform(num_examples).cpu() < sample_rate).flatten()
+
+
+def add_anchor(update, params, anchors, anchor_lambda: float):
+    """Eq. (7)'s alignment term: update + 2 lambda (w - w0), added to the already privatized update (in place).
+
+    Never through the loss: Opacus would drop it, and here it would be clipped away with the data terms.
+    Parameters without a pretrained value (the task head) have no anchor.
+    """
+    with torch.no_grad():
+        anchored = [(u, p, w0) for u, p, w0 in zip(update, params, anchors) if w0 is not None]
+        if anchored:
+            u, p, w0 = map(list, zip(*anchored))
+            torch._foreach_add_(u, torch._foreach_sub(p, w0), alpha=2.0 * anchor_lambda)
+    return update
+
+
+def sharpness_aware_query(query, params, features, labels, rho: float):
+    """DP-SAM's two queries on the same Poisson batch: g~ at w, then h~ at w + rho g~/||g~|| (Eq. 4-6)."""
+    g = query(features, labels)  # Eq. (4) at w
+    eps = sam_perturbation(g, rho)  # Eq. (5): post-processing of g~
+    with perturbed(params, eps):
+        return query(features, labels)  # Eq. (6): at w + eps, same batch
+
+
+# One function per value of the `method` wildcard: the direction handed to AdamW for one step. `query(features,
+# labels)` is the gradient oracle: Eq. (4)'s privatized gradient for private methods (each call one accounted
+# query; METHODS[...].queries_per_step must match, tested), the plain mini-batch gradient for `nonprivate`.
+
+
+def nonprivate_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return query(features, labels)
+
+
+def naive_dp_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return query(features, labels)  # Eq. (4), then AdamW
+
+
+def dp_merging_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    h = sharpness_aware_query(query, params, features, labels, rho)  # Eq. (4)-(6)
+    return add_anchor(h, params, anchors, anchor_lambda)  # Eq. (7)
+
+
+def dp_sam_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return sharpness_aware_query(query, params, features, labels, rho)  # w/o alignment (lambda = 0)
+
+
+def dp_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    return add_anchor(query(features, labels), params, anchors, anchor_lambda)  # w/o flatness (rho = 0)
+
+
+STEPS = {
+    "nonprivate": nonprivate_step,
+    "naive_dp": naive_dp_step,
+    "dp_merging": dp_merging_step,
+    "dp_sam": dp_sam_step,
+    "dp_anchor": dp_anchor_step,
+}
+
+
+def method_update(method: Method, query, params, anchors, features, labels, rho: float, anchor_lambda: float):
+    """The direction handed to AdamW for one step of `method` (dispatches to its step function)."""
+    return STEPS[method.name](query, params, anchors, features, labels, rho, anchor_lambda)
+
+
+# ------------------------------------------------------------------------------------------------ training
