@@ -166,3 +166,16 @@ def test_sharpness_radius_read_from_new_and_old_curvature_files(monkeypatch, tmp
         figures.plot_sharpness_drift(pd.concat([old.assign(sharpness_rho=0.1), new]), drift_frame(),
                                      tmp_path / "g.png", "t")
 
+
+def test_the_same_figure_gives_the_same_pdf_bytes_at_another_time(tmp_path, monkeypatch):
+    """No creation date in a PDF: a rerun (or a refactoring) can be checked by comparing files."""
+    plt = figures._pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    paths = []
+    for epoch in ("1000000000", "2000000000"):  # matplotlib dates a PDF from SOURCE_DATE_EPOCH when it is set
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+        paths.append(tmp_path / f"at{epoch}.pdf")
+        figures.save_figure(fig, paths[-1])
+    plt.close(fig)
+    assert paths[0].read_bytes() == paths[1].read_bytes()

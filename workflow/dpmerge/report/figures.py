@@ -25,9 +25,14 @@ METHOD_ORDER = ("nonprivate", "naive_dp", "dp_sam", "dp_anchor", "dp_merging")
 
 
 def save_figure(fig, out: str | Path) -> None:
-    """Write one figure atomically in the format its suffix names (.png at 120 dpi or .pdf)."""
+    """Write one figure atomically in the format its suffix names (.png at 120 dpi or .pdf).
+
+    A PDF gets no creation date, so the same results give the same bytes (a rerun or a refactoring can be
+    checked by comparing files)."""
     out = Path(out)
-    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120, format=out.suffix.lstrip(".")))
+    kind = out.suffix.lstrip(".")
+    metadata = {"CreationDate": None} if kind == "pdf" else None
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120, format=kind, metadata=metadata))
 
 
 def _save_all(fig, out) -> None:
