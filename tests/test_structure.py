@@ -1,0 +1,142 @@
+"""The package's design rules, checked on its source: no import circles, the data's way runs down the floors,
+no file over 600 lines, `import dpmerge` has no side effects, and what the Snakefile reads needs no torch.
+
+Imports are read from the source text (every `import` / `from ... import`, also those inside functions), so a
+lazy import that closes a circle is still a circle here.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "workflow" / "dpmerge"
+MAX_LINES = 600
+
+# Which rooms may import which: a room's own modules, plus the rooms listed (transitively lower floors).
+ROOMS_BELOW = {
+    "cli": {"cli_arguments", "stages", "catalog", "config_check", "runtime"},
+    "cli_arguments": {"catalog"},  # the command line's parser, beside cli.py
+    "stages": {"privacy", "merge", "diagnostics", "report", "training", "models", "data", "artifacts", "metrics",
+               "epsilon", "runtime"},
+    # the config check reads only the torch-free registries (the catalog test below holds it to that)
+    "config_check": {"data", "epsilon", "merge", "models", "training"},
+    # the Snakefile's view: only the torch-free registries and helpers of the rooms it names
+    "catalog": {"config_check", "epsilon", "models", "training", "data", "merge", "report"},
+    "diagnostics": {"models", "artifacts", "metrics", "runtime"},
+    "report": {"artifacts", "epsilon", "runtime"},
+    "merge": {"training", "privacy", "models", "artifacts", "epsilon", "runtime"},
+    "training": {"privacy", "models", "artifacts", "epsilon", "runtime"},
+    "privacy": {"artifacts", "epsilon", "runtime"},
+    "models": {"artifacts", "metrics", "runtime"},
+    "data": {"metrics", "runtime"},
+    "artifacts": {"runtime"},
+    "metrics": set(),
+    "epsilon": set(),
+    "runtime": set(),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The dpmerge modules `path` imports, resolved to modules that exist (`from pkg import mod` -> pkg.mod)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("dpmerge")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            elif node.module and node.module.startswith("dpmerge"):
+                target = node.module
+            else:
+                continue
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
+    return {module for module in found if module in known and module != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, set(known)) for name, path in known.items()}
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "dpmerge"
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_imports_run_down_the_floors():
+    climbs = []
+    for module, targets in import_graph().items():
+        if room(module) == "dpmerge":  # the package's __init__ imports nothing
+            assert not targets, f"dpmerge/__init__.py imports {sorted(targets)}"
+            continue
+        allowed = ROOMS_BELOW[room(module)] | {room(module)}
+        climbs += [f"{module} -> {target}" for target in sorted(targets) if room(target) not in allowed]
+    assert not climbs, "imports that climb back up: " + ", ".join(climbs)
+
+
+def test_every_module_is_placed_on_a_floor():
+    assert {room(m) for m in modules()} - {"dpmerge"} <= set(ROOMS_BELOW)
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_no_file_over_600_lines(name):
+    lines = len(modules()[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{modules()[name]} has {lines} lines (at most {MAX_LINES}: split it by idea)"
+
+
+def fresh_import(statement: str) -> dict:
+    code = (f"import sys; {statement}; "
+            "print(sorted(m for m in ('torch', 'numpy', 'pandas', 'ctypes') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(PACKAGE.parent), "PATH": ""})
+    assert result.returncode == 0, result.stderr
+    return eval(result.stdout)  # noqa: S307 - our own printed list
+
+
+def test_import_dpmerge_loads_nothing_heavy_and_tunes_nothing():
+    assert fresh_import("import dpmerge") == []
+
+
+def test_every_package_init_is_light():
+    for name, path in modules().items():
+        if path.name == "__init__.py":
+            assert fresh_import(f"import {name}") == [], name
+
+
+def test_the_catalog_the_snakefile_reads_needs_no_torch():
+    assert not {"torch", "numpy", "pandas"} & set(fresh_import("import dpmerge.catalog"))
