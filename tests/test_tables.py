@@ -72,12 +72,12 @@ def test_markdown_and_latex_carry_the_numbers():
     markdown = to_markdown(table, "caption")
     assert "| DP + TIES | 45.0 ± 1.4 | 55.0 ± 1.4 | 50.0 ± 1.4 |" in markdown
     assert "| DP Individual | 60.0 | 70.0 | 65.0 |" in markdown  # one seed: no ±
-    assert "| improvement (TIES) | +3.0 ± 0.0 | +3.0 ± 0.0 | +3.0 ± 0.0 |" in markdown
+    assert "| improvement (TIES) | +3.0 [+3.0, +3.0]* | +3.0 [+3.0, +3.0]* | +3.0 [+3.0, +3.0]* |" in markdown
     latex = to_latex(table, "cap_tion & more", "tab:x")
     assert r"\toprule" in latex and r"\bottomrule" in latex and r"cap\_tion \& more" in latex
     assert r"DP + TIES & 45.0 $\pm$ 1.4 & 55.0 $\pm$ 1.4 & 50.0 $\pm$ 1.4 & -- \\" in latex
-    assert r"DP-Merging + TIES & 48.0 $\pm$ 1.4 & 58.0 $\pm$ 1.4 & 53.0 $\pm$ 1.4 & \textit{+3.0 $\pm$ 0.0} \\" in latex
-    assert r"\textit{+3.0 $\pm$ 0.0}" in latex
+    assert r"DP-Merging + TIES & 48.0 $\pm$ 1.4 & 58.0 $\pm$ 1.4 & 53.0 $\pm$ 1.4 & \textit{+3.0 [+3.0, +3.0]*} \\" in latex
+    assert r"\textit{+3.0 [+3.0, +3.0]*}" in latex
     assert r"DP Individual & 60.0 & 70.0 & 65.0 & -- \\" in latex
 
 
@@ -134,10 +134,18 @@ def test_write_table_parquet_layout(tmp_path):
     paths = write_table(table1(scores()), tmp_path / "t1_eps0.5", "Caption <b>.")
     assert [p.name for p in paths] == ["t1_eps0.5.parquet", "t1_eps0.5.md", "t1_eps0.5.tex", "t1_eps0.5.html"]
     wide = pd.read_parquet(paths[0])
-    assert list(wide.columns) == ["row", "a", "b", "Avg.", GAIN, "a std", "b std", "Avg. std", f"{GAIN} std", "seeds"]
+    columns = ["a", "b", "Avg.", GAIN]
+    seeds = {"a": ["unseeded", "0", "1"], "b": ["unseeded", "0", "1"], "Avg.": ["unseeded", "0", "1"], GAIN: ["0", "1"]}
+    assert list(wide.columns) == (["row", *columns] + [f"{c} std" for c in columns] + [f"{c} ci95 low" for c in columns]
+                                  + [f"{c} ci95 high" for c in columns]
+                                  + [f"{c} seed {s}" for c in columns for s in seeds[c]] + ["seeds"])
     row = wide.set_index("row").loc["DP + Weight Averaging"]
     assert row[["a", "b", "Avg."]].tolist() == pytest.approx([40.0, 50.0, 45.0])
     assert row[["a std", "b std", "Avg. std"]].tolist() == pytest.approx([SQRT2] * 3)
+    # two seeds: t(0.975, 1) = 12.7062, half-width 12.7062 * sqrt(2) / sqrt(2)
+    assert row[["a ci95 low", "a ci95 high"]].tolist() == pytest.approx([40 - 12.7062, 40 + 12.7062], abs=1e-4)
+    assert row[["a seed 0", "a seed 1", "b seed 0", "b seed 1"]].tolist() == pytest.approx([39.0, 41.0, 49.0, 51.0])
+    assert pd.isna(row["a seed unseeded"])
     assert row["seeds"] == 2
     assert wide.set_index("row").loc["DP Individual", "seeds"] == 1
     assert "45.0 ± 1.4" in paths[1].read_text() and r"\label{tab:t1_eps0.5}" in paths[2].read_text()
@@ -191,7 +199,7 @@ def test_epsilon_sweep_table4():
     assert table.seeds.tolist() == [2, 1, 1]
     markdown = to_markdown(table)
     assert "| Privacy budget | vit DP |" in markdown
-    assert "| ε = 1 | 46.0 ± 1.4 | 53.5 ± 2.1 | +7.5 ± 0.7 | 30.0 | 35.0 | +5.0 |" in markdown
+    assert "| ε = 1 | 46.0 ± 1.4 | 53.5 ± 2.1 | +7.5 [+1.1, +13.9]* | 30.0 | 35.0 | +5.0 |" in markdown
     assert r"$\varepsilon$ = 4 & 65.0 & 67.0 & \textit{+2.0} & 50.0 & -- & -- \\" in to_latex(table)
 
 
@@ -314,7 +322,7 @@ def test_operators_table8():
     assert table.mean.loc["Task Arithmetic"].tolist() == pytest.approx([45.0, 50.0, 5.0])
     assert table.std.loc["Task Arithmetic"].isna().all()
     markdown = to_markdown(table)
-    assert "| TIES | 55.5 ± 0.7 | 61.5 ± 2.1 | +6.0 ± 1.4 |" in markdown
+    assert "| TIES | 55.5 ± 0.7 | 61.5 ± 2.1 | +6.0 [-6.7, +18.7] |" in markdown
     assert "| Task Arithmetic | 45.0 | 50.0 | +5.0 |" in markdown
 
 
@@ -333,3 +341,25 @@ def test_a_seed_missing_a_task_has_no_average():
     assert table.mean.loc["DP + TIES", ["a", "b", "Avg."]].tolist() == pytest.approx([60.0, 60.0, 55.0])
     # seed 0 is the only seed with both methods' averages: 55 - 55
     assert table.mean.loc["DP-Merging + TIES", GAIN] == pytest.approx(0.0)
+
+
+def test_improvements_carry_their_paired_95_percent_t_interval():
+    """Three seeds with paired differences 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.3027, half-width 2.4842;
+    the interval [-0.5, +4.5] includes 0 (no star); differences 4, 5, 6 give [+2.5, +7.5] (starred)."""
+    def frame(gains):
+        rows = []
+        for seed, gain in enumerate(gains):
+            rows += [{"model": "ties", "method": "naive_dp", "task": "a", "score": 50.0, "seed": seed},
+                     {"model": "ties", "method": "dp_merging", "task": "a", "score": 50.0 + gain, "seed": seed}]
+        return pd.DataFrame(rows)
+
+    table = table1(frame([1, 2, 3]))
+    assert table.low.loc["  improvement (TIES)", "a"] == pytest.approx(2 - 2.4842, abs=1e-4)
+    assert table.high.loc["  improvement (TIES)", "a"] == pytest.approx(2 + 2.4842, abs=1e-4)
+    markdown = to_markdown(table)
+    assert "| improvement (TIES) | +2.0 [-0.5, +4.5] | +2.0 [-0.5, +4.5] |" in markdown
+    assert "| DP-Merging + TIES | 52.0 ± 1.0 | 52.0 ± 1.0 | +2.0 [-0.5, +4.5] |" in markdown
+    assert markdown.rstrip().endswith("* marks an interval that excludes 0.")
+    assert "| improvement (TIES) | +5.0 [+2.5, +7.5]* |" in to_markdown(table1(frame([4, 5, 6])))
+    one_seed = to_markdown(table1(frame([4])))
+    assert "| improvement (TIES) | +4.0 | +4.0 |" in one_seed and "t-interval" not in one_seed

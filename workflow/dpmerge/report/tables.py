@@ -1,4 +1,5 @@
-"""Paper-shaped tables (Parquet + Markdown + LaTeX) from evaluation files: mean +- std over seeds.
+"""Paper-shaped tables (Parquet + Markdown + LaTeX) from evaluation files: mean +- std over seeds, and each
+difference with its paired 95 % t-interval.
 
 Every builder is a pure function of a score frame (the concatenated score Parquet files: backbone, method,
 target_epsilon, seed, model, source_task, task, score, metric, and for newer files rho and anchor_lambda) and
@@ -45,13 +46,29 @@ class PaperTable:
     seeds: per row, the number of seeds behind it (the largest count over its cells).
     stub: the header of the row-label column in Markdown and LaTeX.
     Cells of a row whose label starts with 'improvement', or of a column whose label contains 'improvement',
-    are differences and are printed with a sign.
+    are differences: printed with a sign and, from two seeds on, with their 95 % interval.
     """
 
     mean: pd.DataFrame
     std: pd.DataFrame | None
     seeds: pd.Series
     stub: str = field(default="Method")
+    # Two-sided 95 % Student-t interval of each cell's mean (NaN below two seeds); None when no cell has two.
+    # For a difference row or column the per-seed values are paired differences, so this is the paired interval.
+    low: pd.DataFrame | None = None
+    high: pd.DataFrame | None = None
+    # Long frame (row, column, seed, value): every per-seed value behind the means, kept in the Parquet file.
+    per_seed: pd.DataFrame | None = None
+
+    def renamed(self, columns: dict) -> "PaperTable":
+        """The same table with columns renamed (e.g. 'task' -> 'task (metric)')."""
+        def rename(frame):
+            return None if frame is None else frame.rename(columns=columns)
+
+        per_seed = None if self.per_seed is None else self.per_seed.assign(
+            column=self.per_seed["column"].map(lambda c: columns.get(c, c)))
+        return PaperTable(rename(self.mean), rename(self.std), self.seeds, self.stub, rename(self.low),
+                          rename(self.high), per_seed)
 
 
 def _summarise(per_seed: dict[str, pd.DataFrame], columns: list[str], stub: str = "Method") -> PaperTable:
@@ -62,9 +79,33 @@ def _summarise(per_seed: dict[str, pd.DataFrame], columns: list[str], stub: str 
     std = pd.DataFrame([values[r].std(ddof=1) for r in labels], index=labels, columns=columns, dtype=float)
     seeds = pd.Series([int(values[r].notna().sum().max()) for r in labels], index=labels, dtype="int64",
                       name="seeds")
-    for frame in (mean, std, seeds):
+    count = pd.DataFrame([values[r].notna().sum() for r in labels], index=labels, columns=columns, dtype=float)
+    half = student_t_quantile(count - 1) * std / np.sqrt(count)
+    low, high = mean - half, mean + half
+    per_seed = pd.concat(
+        [values[r].rename_axis(index="seed", columns="column").stack().rename("value").reset_index().assign(row=r)
+         for r in labels] or [pd.DataFrame(columns=["seed", "column", "value", "row"])], ignore_index=True)
+    per_seed = per_seed[["row", "column", "seed", "value"]].assign(seed=per_seed["seed"].map(_seed_name))
+    for frame in (mean, std, seeds, low, high):
         frame.index.name = "row"
-    return PaperTable(mean, None if std.isna().all().all() else std, seeds, stub)
+    no_spread = std.isna().all().all()
+    return PaperTable(mean, None if no_spread else std, seeds, stub, None if no_spread else low,
+                      None if no_spread else high, per_seed)
+
+
+def _seed_name(seed) -> str:
+    """A seed as a column suffix: 0 and 0.0 are both '0'."""
+    if isinstance(seed, (int, float, np.integer, np.floating)) and float(seed).is_integer():
+        return str(int(seed))
+    return str(seed)
+
+
+def student_t_quantile(degrees_of_freedom: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """The two-sided `level` quantile of Student's t per cell (NaN below one degree of freedom)."""
+    from scipy.stats import t as student_t
+
+    dof = degrees_of_freedom.where(degrees_of_freedom >= 1)
+    return dof.apply(lambda column: pd.Series(student_t.ppf(0.5 + level / 2, column), index=column.index))
 
 
 def _require_columns(scores: pd.DataFrame, needed: set[str], what: str) -> None:
@@ -162,8 +203,7 @@ def _with_metric_headers(table: PaperTable, scores: pd.DataFrame) -> PaperTable:
         raise ValueError("metric_in_header: score table lacks column 'metric'")
     metrics = scores.dropna(subset=["metric"]).groupby("task", sort=False)["metric"].unique()
     names = {task: f"{task} ({'/'.join(metrics[task])})" for task in table.mean.columns if task in metrics.index}
-    std = None if table.std is None else table.std.rename(columns=names)
-    return PaperTable(table.mean.rename(columns=names), std, table.seeds, table.stub)
+    return table.renamed(names)
 
 
 def table_epsilon_sweep(scores: pd.DataFrame, operator: str = "ties", baseline: str = "naive_dp",
@@ -321,11 +361,34 @@ def _cells(table: PaperTable, pm: str) -> list[tuple[str, list[str | None]]]:
             if pd.isna(mean):
                 cells.append(None)
                 continue
-            text = f"{mean:+.1f}" if _signed(label, column) else f"{mean:.1f}"
+            if _signed(label, column):
+                cells.append(_difference_cell(table, label, column))
+                continue
+            text = f"{mean:.1f}"
             std = None if table.std is None else table.std.loc[label, column]
             cells.append(text if std is None or pd.isna(std) else f"{text}{pm}{std:.1f}")
         out.append((str(label).strip(), cells))
     return out
+
+
+INTERVAL_NOTE = ("Signed cells: mean paired difference over seeds [95 % t-interval]; * marks an interval that "
+                 "excludes 0.")
+
+
+def _difference_cell(table: PaperTable, label, column) -> str:
+    """'+3.8' with one seed; '+3.8 [-6.3, +13.8]' from two on, starred when the interval excludes 0."""
+    text = f"{table.mean.loc[label, column]:+.1f}"
+    if table.low is None or pd.isna(table.low.loc[label, column]):
+        return text
+    low, high = table.low.loc[label, column], table.high.loc[label, column]
+    return f"{text} [{low:+.1f}, {high:+.1f}]" + ("*" if low > 0 or high < 0 else "")
+
+
+def _has_intervals(table: PaperTable) -> bool:
+    if table.low is None:
+        return False
+    return any(_signed(label, column) and pd.notna(table.low.loc[label, column])
+               for label in table.mean.index for column in table.mean.columns)
 
 
 def to_markdown(table: PaperTable | pd.DataFrame, caption: str = "") -> str:
@@ -338,6 +401,8 @@ def to_markdown(table: PaperTable | pd.DataFrame, caption: str = "") -> str:
     ]
     for label, cells in _cells(table, " ± "):
         lines.append("| " + " | ".join([label] + ["" if c is None else c for c in cells]) + " |")
+    if _has_intervals(table):
+        lines += ["", INTERVAL_NOTE]
     return "\n".join(lines) + "\n"
 
 
@@ -368,17 +433,27 @@ def to_latex(table: PaperTable | pd.DataFrame, caption: str = "", label: str = "
             text = "--" if cell is None else cell
             texts.append(rf"\textit{{{text}}}" if cell is not None and _signed(name, column) else text)
         lines.append(" & ".join([_latex_escape(name)] + texts) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if _has_intervals(table):
+        lines.append(rf"\par\smallskip{{\footnotesize {_latex_escape(INTERVAL_NOTE)}}}")
+    lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
 
 
 def to_frame(table: PaperTable | pd.DataFrame) -> pd.DataFrame:
-    """The wide frame write_table stores: 'row', each column's mean, '<column> std' per column when any cell
-    has several seeds, and 'seeds'."""
+    """The wide frame write_table stores: 'row', each column's mean; when any cell has several seeds also
+    '<column> std', '<column> ci95 low' and '<column> ci95 high' per column, and '<column> seed <s>' for every
+    seed's own value; and 'seeds'."""
     table = _as_table(table)
     parts = [table.mean]
     if table.std is not None:
         parts.append(table.std.add_suffix(" std"))
+        parts += [table.low.add_suffix(" ci95 low"), table.high.add_suffix(" ci95 high")]
+        values = table.per_seed.assign(name=table.per_seed["column"].astype(str) + " seed " + table.per_seed["seed"])
+        wide_seeds = values.pivot_table(index="row", columns="name", values="value", aggfunc="first", sort=False)
+        order = [f"{column} seed {seed}" for column in table.mean.columns
+                 for seed in dict.fromkeys(table.per_seed["seed"])]
+        parts.append(wide_seeds.reindex(index=table.mean.index, columns=[c for c in order if c in wide_seeds]))
     parts.append(table.seeds.to_frame("seeds"))
     wide = pd.concat(parts, axis=1)
     wide.index.name = "row"
@@ -395,11 +470,12 @@ def to_html(table: PaperTable | pd.DataFrame, caption: str = "") -> str:
     for label, cells in _cells(table, " ± "):
         tds = "".join(f"<td>{'' if c is None else html.escape(c)}</td>" for c in cells)
         body.append(f"<tr><th>{html.escape(label)}</th>{tds}</tr>")
+    note = f"<p>{html.escape(INTERVAL_NOTE)}</p>" if _has_intervals(table) else ""
     style = ("body{font-family:sans-serif}table{border-collapse:collapse}th,td{padding:2px 8px}"
              "td{text-align:right}thead th{border-bottom:1px solid #000}caption{text-align:left;padding:4px}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><style>{style}</style></head><body><table>"
             f"<caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}"
-            "</tbody></table></body></html>\n")
+            f"</tbody></table>{note}</body></html>\n")
 
 
 def write_table(table: PaperTable | pd.DataFrame, prefix: str | Path, caption: str) -> list[Path]:
