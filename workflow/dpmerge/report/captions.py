@@ -13,7 +13,9 @@ from dpmerge.report.labels import operator_label
 
 def seeds_note(n_seeds: int) -> str:
     """How a table's cells summarise the seeds."""
-    return f"mean ± std over {n_seeds} seeds" if n_seeds > 1 else "one seed"
+    if n_seeds == 1:
+        return "one seed"
+    return f"mean ± std over {n_seeds} seeds, improvements as mean paired difference [95 % t-interval]"
 
 
 def multitask_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds: int) -> str:
