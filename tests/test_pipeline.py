@@ -116,7 +116,12 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     table = pd.read_parquet(results / "tables/table1_effnet_eps4.parquet").set_index("row")
     assert (table.pop("seeds") == 1).all()
     gain = table.pop("Avg. improvement over DP")  # the paper's improvement column
+    normalized = table.pop("Avg. normalized (%)")  # merged / individual of the same method, in %
     assert list(table.columns) == ["digits", "textures", "Avg."]  # one seed: no std columns
+    tasks = ["digits", "textures"]
+    assert normalized["DP-Merging + TIES"] == pytest.approx(
+        (100 * table.loc["DP-Merging + TIES", tasks] / table.loc["DP-Merging Individual", tasks]).mean())
+    assert normalized[["DP Individual", "DP-Merging Individual"]].isna().all()
     assert {"DP Individual", "DP-Merging Individual", "DP + Weight Averaging", "DP-Merging + TIES"} <= set(table.index)
     assert table.loc["  improvement (TIES)"].to_numpy() == pytest.approx(
         (table.loc["DP-Merging + TIES"] - table.loc["DP + TIES"]).to_numpy())

@@ -22,6 +22,7 @@ from dpmerge.report.tables import (
 
 SQRT2 = math.sqrt(2.0)
 GAIN = "Avg. improvement over DP"  # Table 1's improvement column
+NORMALIZED = "Avg. normalized (%)"  # Table 1's merged / individual column
 COLUMNS = ["a", "b", "Avg."]
 
 
@@ -45,7 +46,7 @@ def test_table1_rows_values_and_improvement():
     result = table1(scores())
     assert isinstance(result, PaperTable)
     table = result.mean
-    assert list(table.columns) == ["a", "b", "Avg.", GAIN]
+    assert list(table.columns) == ["a", "b", "Avg.", NORMALIZED, GAIN]
     assert list(table.index) == [
         "Non-private Individual", "DP Individual", "DP-Merging Individual",
         "Non-private + Weight Averaging", "DP + Weight Averaging", "DP-Merging + Weight Averaging",
@@ -75,10 +76,11 @@ def test_markdown_and_latex_carry_the_numbers():
     assert "| improvement (TIES) | +3.0 [+3.0, +3.0]* | +3.0 [+3.0, +3.0]* | +3.0 [+3.0, +3.0]* |" in markdown
     latex = to_latex(table, "cap_tion & more", "tab:x")
     assert r"\toprule" in latex and r"\bottomrule" in latex and r"cap\_tion \& more" in latex
-    assert r"DP + TIES & 45.0 $\pm$ 1.4 & 55.0 $\pm$ 1.4 & 50.0 $\pm$ 1.4 & -- \\" in latex
-    assert r"DP-Merging + TIES & 48.0 $\pm$ 1.4 & 58.0 $\pm$ 1.4 & 53.0 $\pm$ 1.4 & \textit{+3.0 [+3.0, +3.0]*} \\" in latex
+    assert r"DP + TIES & 45.0 $\pm$ 1.4 & 55.0 $\pm$ 1.4 & 50.0 $\pm$ 1.4 & 76.8 $\pm$ 2.2 & -- \\" in latex
+    assert (r"DP-Merging + TIES & 48.0 $\pm$ 1.4 & 58.0 $\pm$ 1.4 & 53.0 $\pm$ 1.4 & 84.0 $\pm$ 2.3 & "
+            r"\textit{+3.0 [+3.0, +3.0]*} \\") in latex
     assert r"\textit{+3.0 [+3.0, +3.0]*}" in latex
-    assert r"DP Individual & 60.0 & 70.0 & 65.0 & -- \\" in latex
+    assert r"DP Individual & 60.0 & 70.0 & 65.0 & -- & -- \\" in latex
 
 
 def test_one_seed_prints_means_only_and_signs_differences():
@@ -88,8 +90,8 @@ def test_one_seed_prints_means_only_and_signs_differences():
     markdown = to_markdown(table)
     assert "| DP + TIES | 44.0 | 54.0 | 49.0 |" in markdown
     assert "| improvement (TIES) | +3.0 | +3.0 | +3.0 |" in markdown
-    assert r"\textit{+3.0} & \textit{+3.0} & \textit{+3.0} & -- \\" in to_latex(table)
-    assert "| DP-Merging + TIES | 47.0 | 57.0 | 52.0 | +3.0 |" in markdown
+    assert r"\textit{+3.0} & \textit{+3.0} & \textit{+3.0} & \textit{+7.2} & -- \\" in to_latex(table)
+    assert "| DP-Merging + TIES | 47.0 | 57.0 | 52.0 | 82.4 | +3.0 |" in markdown
 
 
 def test_missing_columns_are_named():
@@ -122,10 +124,10 @@ def test_epsilon_value_reads_every_spelling():
 def test_metric_in_header_names_each_tasks_metric():
     frame = scores().assign(metric=lambda f: f["task"].map({"a": "accuracy", "b": "mcc"}))
     table = table1(frame, metric_in_header=True)
-    assert list(table.mean.columns) == ["a (accuracy)", "b (mcc)", "Avg.", GAIN]
-    assert list(table.std.columns) == ["a (accuracy)", "b (mcc)", "Avg.", GAIN]
+    assert list(table.mean.columns) == ["a (accuracy)", "b (mcc)", "Avg.", NORMALIZED, GAIN]
+    assert list(table.std.columns) == ["a (accuracy)", "b (mcc)", "Avg.", NORMALIZED, GAIN]
     assert table.mean.loc["DP + TIES"].tolist()[:3] == pytest.approx([45.0, 55.0, 50.0])
-    assert f"| Method | a (accuracy) | b (mcc) | Avg. | {GAIN} |" in to_markdown(table)
+    assert f"| Method | a (accuracy) | b (mcc) | Avg. | {NORMALIZED} | {GAIN} |" in to_markdown(table)
     with pytest.raises(ValueError, match="lacks column 'metric'"):
         table1(scores(), metric_in_header=True)
 
@@ -134,8 +136,9 @@ def test_write_table_parquet_layout(tmp_path):
     paths = write_table(table1(scores()), tmp_path / "t1_eps0.5", "Caption <b>.")
     assert [p.name for p in paths] == ["t1_eps0.5.parquet", "t1_eps0.5.md", "t1_eps0.5.tex", "t1_eps0.5.html"]
     wide = pd.read_parquet(paths[0])
-    columns = ["a", "b", "Avg.", GAIN]
-    seeds = {"a": ["unseeded", "0", "1"], "b": ["unseeded", "0", "1"], "Avg.": ["unseeded", "0", "1"], GAIN: ["0", "1"]}
+    columns = ["a", "b", "Avg.", NORMALIZED, GAIN]
+    seeds = {"a": ["unseeded", "0", "1"], "b": ["unseeded", "0", "1"], "Avg.": ["unseeded", "0", "1"],
+             NORMALIZED: ["0", "1"], GAIN: ["0", "1"]}
     assert list(wide.columns) == (["row", *columns] + [f"{c} std" for c in columns] + [f"{c} ci95 low" for c in columns]
                                   + [f"{c} ci95 high" for c in columns]
                                   + [f"{c} seed {s}" for c in columns for s in seeds[c]] + ["seeds"])
@@ -154,7 +157,7 @@ def test_write_table_parquet_layout(tmp_path):
     assert "Caption &lt;b&gt;." in page  # escaped
 
     single = write_table(table1(scores().query("seed != 1")), tmp_path / "one", "Caption.")
-    assert list(pd.read_parquet(single[0]).columns) == ["row", "a", "b", "Avg.", GAIN, "seeds"]
+    assert list(pd.read_parquet(single[0]).columns) == ["row", "a", "b", "Avg.", NORMALIZED, GAIN, "seeds"]
 
 
 def test_plot_interpolation_is_still_importable_from_tables():
@@ -358,8 +361,21 @@ def test_improvements_carry_their_paired_95_percent_t_interval():
     assert table.high.loc["  improvement (TIES)", "a"] == pytest.approx(2 + 2.4842, abs=1e-4)
     markdown = to_markdown(table)
     assert "| improvement (TIES) | +2.0 [-0.5, +4.5] | +2.0 [-0.5, +4.5] |" in markdown
-    assert "| DP-Merging + TIES | 52.0 ± 1.0 | 52.0 ± 1.0 | +2.0 [-0.5, +4.5] |" in markdown
+    assert "| DP-Merging + TIES | 52.0 ± 1.0 | 52.0 ± 1.0 |  | +2.0 [-0.5, +4.5] |" in markdown
     assert markdown.rstrip().endswith("* marks an interval that excludes 0.")
     assert "| improvement (TIES) | +5.0 [+2.5, +7.5]* |" in to_markdown(table1(frame([4, 5, 6])))
     one_seed = to_markdown(table1(frame([4])))
     assert "| improvement (TIES) | +4.0 | +4.0 |" in one_seed and "t-interval" not in one_seed
+
+
+def test_merged_rows_carry_the_normalized_average():
+    """100 x merged / individual of the same method per task, averaged over tasks, per seed: DP + TIES gives
+    100 (44/60 + 54/70) / 2 = 75.24 and 100 (46/60 + 56/70) / 2 = 78.33 for seeds 0 and 1 (the fixture's
+    individual models have one unseeded run)."""
+    table = table1(scores())
+    assert table.mean.loc["DP + TIES", NORMALIZED] == pytest.approx(76.7857, abs=1e-4)
+    assert table.std.loc["DP + TIES", NORMALIZED] == pytest.approx(2.18866, abs=1e-4)
+    assert table.mean.loc["DP-Merging + TIES", NORMALIZED] == pytest.approx(84.0264, abs=1e-4)
+    # the improvement row pairs the normalized averages per seed too: 7.191 and 7.290
+    assert table.mean.loc["  improvement (TIES)", NORMALIZED] == pytest.approx(7.24065, abs=1e-4)
+    assert table.mean.loc[["DP Individual", "DP-Merging Individual"], NORMALIZED].isna().all()

@@ -26,6 +26,8 @@ OPERATOR_LABELS = {
     "dts_difference": "DTS-D (per-task models)",
 }
 AVERAGE = "Avg."
+# Merged / individual score of the same method, averaged over tasks, in % (the merging literature's measure)
+NORMALIZED = "Avg. normalized (%)"
 # Table 1's improvement column ("improvement" in its name makes its cells signed)
 AVERAGE_GAIN = "Avg. improvement over DP"
 

@@ -31,6 +31,7 @@ from dpmerge.report.labels import (
     AVERAGE,
     AVERAGE_GAIN,
     METHOD_LABELS,
+    NORMALIZED,
     SENSITIVITY_SYMBOLS,
     label_of,
     operator_label,
@@ -157,6 +158,7 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
     Rows: the individual models (own task only) of each method present, then per merge operator the
     non-private reference, `baseline` + operator, `proposed` + operator, their improvement (paired per seed)
     and the ablations' rows (dp_sam = w/o alignment, dp_anchor = w/o flatness) when such runs are present.
+    Beside the average, a merged row's normalized average (`_with_normalized`: merged / individual, in %).
     With `metric_in_header` a column reads 'task (metric)' from the frame's metric column, as GLUE tables do.
     """
     _require_columns(scores, {"model", "method", "task", "score"}, "Table 1")
@@ -167,14 +169,18 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
     def per_seed(model: str, method: str) -> pd.DataFrame | None:
         return _per_seed_tasks(groups[(model, method)], tasks) if (model, method) in groups else None
 
+    def merged(operator: str, method: str) -> pd.DataFrame | None:
+        rows = per_seed(operator, method)
+        return None if rows is None else _with_normalized(rows, per_seed("individual", method), tasks)
+
     rows: dict[str, pd.DataFrame] = {}
     for method in ("nonprivate", baseline, proposed, *ABLATIONS):
         if (r := per_seed("individual", method)) is not None:
             rows[f"{label_of(METHOD_LABELS, method)} Individual"] = r
     for operator in [m for m in dict.fromkeys(scores["model"]) if m != "individual"]:
         op = operator_label(operator)
-        base, ours = per_seed(operator, baseline), per_seed(operator, proposed)
-        if (reference := per_seed(operator, "nonprivate")) is not None:
+        base, ours = merged(operator, baseline), merged(operator, proposed)
+        if (reference := merged(operator, "nonprivate")) is not None:
             rows[f"{label_of(METHOD_LABELS, 'nonprivate')} + {op}"] = reference
         if base is not None:
             rows[f"{label_of(METHOD_LABELS, baseline)} + {op}"] = base
@@ -183,10 +189,23 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
         if base is not None and ours is not None:
             rows[f"  improvement ({op})"] = ours - base  # aligned on seed: paired differences
         for ablation in ABLATIONS:  # paper Table 5's rows, when those runs exist
-            if (r := per_seed(operator, ablation)) is not None:
+            if (r := merged(operator, ablation)) is not None:
                 rows[f"{label_of(METHOD_LABELS, ablation)} + {op}"] = _with_average_gain(r, base)
-    table = _summarise(rows, tasks + [AVERAGE, AVERAGE_GAIN])
+    table = _summarise(rows, tasks + [AVERAGE, NORMALIZED, AVERAGE_GAIN])
     return _with_metric_headers(table, scores) if metric_in_header else table
+
+
+def _with_normalized(merged: pd.DataFrame, individual: pd.DataFrame | None, tasks: list[str]) -> pd.DataFrame:
+    """The merging literature's normalized accuracy: per seed, the mean over tasks of 100 x the merged model's
+    score / the same method's individual model's score on that task (the individual model of the same seed; one
+    unseeded individual run serves every seed). Blank where the individual run is missing."""
+    if individual is None:
+        return merged
+    reference = individual[tasks]
+    if len(reference) == 1 and not set(merged.index) & set(reference.index):
+        reference = pd.DataFrame([reference.iloc[0]] * len(merged), index=merged.index)
+    ratio = 100.0 * merged[tasks] / reference.reindex(merged.index)
+    return merged.assign(**{NORMALIZED: ratio.mean(axis=1, skipna=False)})
 
 
 def _with_average_gain(rows: pd.DataFrame, baseline: pd.DataFrame | None) -> pd.DataFrame:
