@@ -231,8 +231,15 @@ def ablation_scores():
 
 def test_ablation_table5():
     table = table_ablation(ablation_scores())
-    assert list(table.mean.index) == ["DP", "w/o Alignment", "w/o Flatness", "DP-Merging (full)"]
+    assert list(table.mean.index) == ["DP", "w/o Alignment", "w/o Flatness", "DP-Merging (full)",
+                                      "  improvement (w/o Alignment − DP)", "  improvement (w/o Flatness − DP)",
+                                      "  improvement (DP-Merging (full) − DP)"]
     assert list(table.mean.columns) == ["Individual", "TIES", "Weight Averaging"]
+    # paired per seed: DP has seed 0 only, so each difference rests on seed 0 (DP-Merging's seed 1 has no pair)
+    assert table.mean.loc["  improvement (w/o Alignment − DP)"].tolist() == pytest.approx([5.0, 5.0, 5.0])
+    assert table.mean.loc["  improvement (DP-Merging (full) − DP)"].tolist() == pytest.approx([10.0, 10.0, 10.0])
+    assert table.seeds["  improvement (DP-Merging (full) − DP)"] == 1
+    assert "| improvement (w/o Flatness − DP) | +6.0 | +6.0 | +6.0 |" in to_markdown(table)
     assert table.mean.loc["DP"].tolist() == pytest.approx([55.0, 45.0, 35.0])
     assert table.mean.loc["w/o Alignment"].tolist() == pytest.approx([60.0, 50.0, 40.0])
     assert table.mean.loc["w/o Flatness"].tolist() == pytest.approx([61.0, 51.0, 41.0])
@@ -250,7 +257,7 @@ def test_ablation_names_missing_methods_and_refuses_mixed_budgets():
     with pytest.raises(ValueError, match="mix privacy budgets"):
         table_ablation(pd.concat([frame, other]))
     no_dp = table_ablation(frame[frame["method"] != "naive_dp"])
-    assert list(no_dp.mean.index) == ["w/o Alignment", "w/o Flatness", "DP-Merging (full)"]
+    assert list(no_dp.mean.index) == ["w/o Alignment", "w/o Flatness", "DP-Merging (full)"]  # nothing to pair
 
 
 def rho_sweep(anchor_lambda=0.05):

@@ -266,8 +266,9 @@ def table_epsilon_sweep(scores: pd.DataFrame, operator: str = "ties", baseline: 
 
 def table_ablation(scores: pd.DataFrame) -> PaperTable:
     """Table 5 (one backbone, one epsilon): rows DP, w/o Alignment (dp_sam), w/o Flatness (dp_anchor) and
-    DP-Merging (full); columns 'Individual' (own-task scores) and one per merge operator present, each the
-    average over tasks. The DP row is left out when no naive_dp runs are present."""
+    DP-Merging (full), then each of the last three minus DP, paired per seed (with its 95 % interval from two
+    seeds on); columns 'Individual' (own-task scores) and one per merge operator present, each the average over
+    tasks. The DP row and the differences are left out when no naive_dp runs are present."""
     _require_columns(scores, {"model", "method", "task", "score"}, "Table 5")
     methods = set(scores["method"])
     if missing := [m for m in ("dp_sam", "dp_anchor", "dp_merging") if m not in methods]:
@@ -289,6 +290,9 @@ def table_ablation(scores: pd.DataFrame) -> PaperTable:
             else pd.Series(dtype=float)
             for column, model in zip(columns, ["individual"] + operators)
         })
+    if "DP" in rows:
+        for label in [label for label in rows if label != "DP"]:
+            rows[f"  improvement ({label} − DP)"] = rows[label] - rows["DP"]  # aligned on seed: paired
     return _summarise(rows, columns)
 
 
