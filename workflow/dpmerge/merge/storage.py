@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from dpmerge.merge.registry import part_bits
+
 
 def personalized_storage(operator: str, layout: dict, **hyperparameters) -> dict:
     """Bits one task's parts add to the shared model, the shared model's own bits, and their ratio.
 
     `layout` maps each merged tensor's name to (dtype, shape), as w0 stores it.
     """
-    from dpmerge.merge.registry import part_bits
-
     extra = sum(part_bits(operator, shape, dtype, **hyperparameters) for dtype, shape in layout.values())
     model = sum(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() * 8
                 for dtype, shape in layout.values())
