@@ -1,8 +1,16 @@
 # dpmerge: private fine-tuning -> task vectors -> data-free merging -> evaluation, diagnostics, tables.
 # Run: snakemake --cores 2 --configfile config.yaml --workflow-profile profiles/local
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.20")
+
+# Jobs on this machine start by forking a warm process that has torch and the models imported (seconds saved
+# per job, identical outputs: workflow/dpmerge/forkserver.py). DPMERGE_FORKSERVER=0 turns it off, e.g. to read
+# a job's memory from its benchmark file; cluster jobs never use it.
+if workflow.is_main_process and workflow.local_exec and not workflow.dryrun:
+    os.environ.setdefault("DPMERGE_FORKSERVER", "1")
 
 
 # The embedded default, unless the command line names the experiment: a preset (--configfile presets/...) is a

@@ -19,6 +19,9 @@ MAX_LINES = 600
 ROOMS_BELOW = {
     "cli": {"cli_arguments", "stages", "catalog", "config_check", "runtime"},
     "cli_arguments": {"catalog"},  # the command line's parser, beside cli.py
+    # the `dpmerge` entry point: through the warm fork server, or cli in this process; stdlib only at import
+    "launch": {"forkserver", "cli"},
+    "forkserver": {"cli", "runtime"},
     "stages": {"privacy", "merge", "diagnostics", "report", "training", "models", "data", "artifacts", "metrics",
                "epsilon", "runtime"},
     # the config check reads only the torch-free registries (the catalog test below holds it to that)
