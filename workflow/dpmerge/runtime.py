@@ -7,10 +7,14 @@ that pulls torchvision in.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import sys
+import time
+
+COMPUTE_MARK = "[compute]"
 
 
 def make_torchvision_importable() -> None:
@@ -76,3 +80,21 @@ def release_freed_memory() -> None:
     trim = _glibc_malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def compute_line(what: str, seconds: float) -> str:
+    """The log line that states a job's own work, apart from start-up, loading and writing; bench/startup.py
+    sums these against the job's wall time."""
+    return f"{COMPUTE_MARK} {what}: {seconds:.3f} s"
+
+
+@contextlib.contextmanager
+def compute_section(what: str, log=None):
+    """Time the block as the job's own work and log it (stderr unless `log` is given) when it finishes."""
+    start = time.perf_counter()
+    yield
+    line = compute_line(what, time.perf_counter() - start)
+    if log is None:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        log(line)

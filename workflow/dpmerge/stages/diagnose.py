@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 
+from dpmerge.runtime import compute_section
 from dpmerge.stages.common import (
     fixed_test_subsample,
     load_heads_and_data,
@@ -53,18 +54,19 @@ def interpolate(*, backbone_spec: dict, base: str, merged: str, task_vectors: li
     tasks = load_heads_and_data(heads, data)
     gammas = np.linspace(0.0, 1.0, points)
     rows = []
-    for vector, (head, meta, prepared) in zip(vectors, tasks):
-        features, labels = fixed_test_subsample(prepared, max_examples)
-        n = int(labels.shape[0])
-        curve = interpolation_curve(
-            network, w0, vector, merged_vector, head, features, labels,
-            prepared["task_spec"]["metric"], gammas,
-        )
-        barrier = barrier_height(gammas, np.array([r["loss"] for r in curve]))
-        for point in curve:
-            rows.append({**release_identity(meta), "operator": merge_label(merged_meta),
-                         "task": prepared["task"], **point, "barrier": barrier, "num_examples": n})
-        log(f"[interpolate] {prepared['task']}: barrier {barrier:.4f}")
+    with compute_section("interpolation curves", log):
+        for vector, (head, meta, prepared) in zip(vectors, tasks):
+            features, labels = fixed_test_subsample(prepared, max_examples)
+            n = int(labels.shape[0])
+            curve = interpolation_curve(
+                network, w0, vector, merged_vector, head, features, labels,
+                prepared["task_spec"]["metric"], gammas,
+            )
+            barrier = barrier_height(gammas, np.array([r["loss"] for r in curve]))
+            for point in curve:
+                rows.append({**release_identity(meta), "operator": merge_label(merged_meta),
+                             "task": prepared["task"], **point, "barrier": barrier, "num_examples": n})
+            log(f"[interpolate] {prepared['task']}: barrier {barrier:.4f}")
     write_parquet(rows, out)
 
 
@@ -85,19 +87,20 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
     vectors, _ = read_task_vectors(task_vectors)
     tasks = load_heads_and_data(heads, data)
     rows = []
-    for vector, (head, meta, prepared) in zip(vectors, tasks):
-        features, labels = fixed_test_subsample(prepared, max_examples)
-        n = int(labels.shape[0])
-        loss = task_loss(network, head, features, labels)
-        task_params = task_model_weights(w0, vector)
-        merged_params = {name: model[name] for name in w0}
-        sharpness = sharpness_proxy(loss, task_params, rho)
-        gap = merge_gap_bound(loss, task_params, merged_params, gammas, iterations, tolerance, seed=0)
-        rows.append({**release_identity(meta), "operator": merge_label(merged_meta),
-                     "task": prepared["task"], "sharpness_rho": rho, "sharpness": sharpness, **gap,
-                     "gammas": json.dumps(list(gammas)), "iterations": iterations, "num_examples": n})
-        log(f"[curvature] {prepared['task']}: sharpness {sharpness:.4g}, lambda_max {gap['lambda_max_at_task']:.4g}, "
-            f"merge gap {gap['merge_gap']:.4g} <= bound {gap['bound']:.4g}")
+    with compute_section("sharpness, lambda_max and merge gap", log):
+        for vector, (head, meta, prepared) in zip(vectors, tasks):
+            features, labels = fixed_test_subsample(prepared, max_examples)
+            n = int(labels.shape[0])
+            loss = task_loss(network, head, features, labels)
+            task_params = task_model_weights(w0, vector)
+            merged_params = {name: model[name] for name in w0}
+            sharpness = sharpness_proxy(loss, task_params, rho)
+            gap = merge_gap_bound(loss, task_params, merged_params, gammas, iterations, tolerance, seed=0)
+            rows.append({**release_identity(meta), "operator": merge_label(merged_meta),
+                         "task": prepared["task"], "sharpness_rho": rho, "sharpness": sharpness, **gap,
+                         "gammas": json.dumps(list(gammas)), "iterations": iterations, "num_examples": n})
+            log(f"[curvature] {prepared['task']}: sharpness {sharpness:.4g}, lambda_max {gap['lambda_max_at_task']:.4g}, "
+                f"merge gap {gap['merge_gap']:.4g} <= bound {gap['bound']:.4g}")
     write_parquet(rows, out)
 
 
@@ -146,8 +149,9 @@ def landscape(*, backbone_spec: dict, base: str, merged: str, heads: list[str], 
     coordinates = span * (np.arange(points) - half) / half
     log(f"[landscape] {operator}: {plane} plane ({spanned_by[0]}, {spanned_by[1]}), {points}x{points} "
         f"points in [-{span:g}, {span:g}]^2, {len(losses)} tasks, {max(examples.values())} examples max")
-    grid = loss_landscape(losses, centre, d1, d2, coordinates, coordinates,
-                          log=lambda line: log(f"[landscape] {line}"))
+    with compute_section("loss landscape", log):
+        grid = loss_landscape(losses, centre, d1, d2, coordinates, coordinates,
+                              log=lambda line: log(f"[landscape] {line}"))
     identity = {**release_identity(tasks[0][1]), "operator": operator, "plane": plane, "span": span,
                 "direction_1": spanned_by[0], "direction_2": spanned_by[1]}
     # The mean row averages the tasks, so the examples behind it are all of theirs
@@ -188,23 +192,24 @@ def linearity(*, curvature: str, lambda_max, measured_on: set, backbone_spec: di
     tasks = load_heads_and_data(heads, data)
     if len(tasks) < 2:
         raise ValueError("joint-task linearity needs two or more tasks")
-    models = []
-    for vector, (head, meta, prepared) in zip(vectors, tasks):
-        task = prepared["task"]
-        if task not in lambda_max.index:
-            raise ValueError(f"{curvature} has no lambda_max for task {task!r}")
-        features, labels = fixed_test_subsample(prepared, max_examples)
-        if measured_on and int(labels.shape[0]) not in measured_on:
-            raise ValueError(f"--max-examples gives {labels.shape[0]} examples of {task}, but "
-                             f"{curvature} measured lambda_max on {sorted(measured_on)}; use its max_examples")
-        params = task_model_weights(w0, vector)
-        models.append((task, meta, task_loss(network, head, features, labels), params))
-    rows = []
-    for (s, meta, loss_s, w_s), (t, _, loss_t, w_t) in itertools.combinations(models, 2):
-        for point in joint_task_linearity(loss_s, loss_t, w_s, w_t, alphas, float(lambda_max[s]),
-                                          float(lambda_max[t])):
-            rows.append({**release_identity(meta), "task_s": s, "task_t": t, **point})
-        worst = max(rows[-len(alphas):], key=lambda r: abs(r["delta"]))
-        log(f"[linearity] {s} / {t}: largest |delta| {abs(worst['delta']):.4g} at alpha {worst['alpha']:g}, "
-            f"bound {worst['bound']:.4g}")
+    with compute_section("joint-task linearity", log):
+        models = []
+        for vector, (head, meta, prepared) in zip(vectors, tasks):
+            task = prepared["task"]
+            if task not in lambda_max.index:
+                raise ValueError(f"{curvature} has no lambda_max for task {task!r}")
+            features, labels = fixed_test_subsample(prepared, max_examples)
+            if measured_on and int(labels.shape[0]) not in measured_on:
+                raise ValueError(f"--max-examples gives {labels.shape[0]} examples of {task}, but "
+                                 f"{curvature} measured lambda_max on {sorted(measured_on)}; use its max_examples")
+            params = task_model_weights(w0, vector)
+            models.append((task, meta, task_loss(network, head, features, labels), params))
+        rows = []
+        for (s, meta, loss_s, w_s), (t, _, loss_t, w_t) in itertools.combinations(models, 2):
+            for point in joint_task_linearity(loss_s, loss_t, w_s, w_t, alphas, float(lambda_max[s]),
+                                              float(lambda_max[t])):
+                rows.append({**release_identity(meta), "task_s": s, "task_t": t, **point})
+            worst = max(rows[-len(alphas):], key=lambda r: abs(r["delta"]))
+            log(f"[linearity] {s} / {t}: largest |delta| {abs(worst['delta']):.4g} at alpha {worst['alpha']:g}, "
+                f"bound {worst['bound']:.4g}")
     write_parquet(rows, out)

@@ -4,6 +4,7 @@ evaluate_merged (a merged model on every task; a personalized merge's per-task m
 
 from __future__ import annotations
 
+from dpmerge.runtime import compute_section
 from dpmerge.stages.common import (
     load_heads_and_data,
     log,
@@ -24,12 +25,11 @@ def evaluate(*, backbone_spec: dict, base: str, heads: list[str], data: list[str
     network = backbone_from_spec(backbone_spec)
     w0, _ = load_tensors(base)
     tasks = load_heads_and_data(heads, data)
-    if merged:
-        rows = _merged_rows(network, w0, tasks, merged)
-    else:
-        if len(task_vectors or []) != len(tasks):
-            raise ValueError("individual evaluation needs one --task-vectors file per --heads file")
-        rows = _individual_rows(network, w0, tasks, task_vectors)
+    if not merged and len(task_vectors or []) != len(tasks):
+        raise ValueError("individual evaluation needs one --task-vectors file per --heads file")
+    with compute_section("evaluation", log):
+        rows = (_merged_rows(network, w0, tasks, merged) if merged
+                else _individual_rows(network, w0, tasks, task_vectors))
     write_parquet(rows, out)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from dpmerge.runtime import compute_section
 from dpmerge.stages.common import log, read_task_vectors, release_identity
 
 
@@ -91,7 +92,8 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         log(f"[merge] {operator}: {extra / 8 / 2**20:.2f} MiB per task beside the shared model "
             f"({100 * extra / model:.1f} % of one model)")
     layout = stored_layout(operator, layout, len(metas), **params)
-    write_tensors_streaming(out, layout, merged_model, meta)  # a failure midway leaves no file
+    with compute_section("merge (read, merge and write, streamed)", log):
+        write_tensors_streaming(out, layout, merged_model, meta)  # a failure midway leaves no file
     log(f"[merge] {name}: {operator} {hyper} of {vectors} vectors over {len(metas)} task vectors "
         f"(streamed) -> {out}")
 
@@ -178,11 +180,12 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
             clip, sigma, noise, normaliser = clip_norm, drawn.noise_multiplier, drawn.noise, drawn.normaliser
             record.update(drawn.record)
         network.load_top_state(task_model_weights(w0, vector))
-        if kind == "gram":
-            result = gram_statistics(network, features, clip, sigma, noise, normaliser=normaliser)
-        else:
-            head, _ = load_tensors(head_path)
-            result = fisher_statistics(network, head, features, clip, sigma, noise, normaliser=normaliser)
+        with compute_section(f"{kind} statistics of {meta['task']}", log):
+            if kind == "gram":
+                result = gram_statistics(network, features, clip, sigma, noise, normaliser=normaliser)
+            else:
+                head, _ = load_tensors(head_path)
+                result = fisher_statistics(network, head, features, clip, sigma, noise, normaliser=normaliser)
         # Statistics of the network's layers, under the names the task vectors are released with.
         result = network.release_statistics(kind, result)
         tensors.update({f"{index}/{name}": value for name, value in result.items()})

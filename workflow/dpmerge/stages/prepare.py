@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from dpmerge.runtime import compute_section
 from dpmerge.stages.common import log
 
 
@@ -29,8 +30,9 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
         raise ValueError(f"task {task!r} is a {data.spec.modality} task but backbone {backbone!r} is a "
                          f"{network.modality} backbone")
     log(f"[prepare] {task}: {len(data.train_labels)} train / {len(data.test_labels)} test examples")
-    train = network.trunk_features(data.train_inputs, log=log)
-    test = network.trunk_features(data.test_inputs)
+    with compute_section("trunk features", log):
+        train = network.trunk_features(data.train_inputs, log=log)
+        test = network.trunk_features(data.test_inputs)
     save_prepared(
         out, task=task, backbone=backbone, task_spec=asdict(data.spec), class_names=data.class_names,
         train_features=train, train_labels=data.train_labels, test_features=test, test_labels=data.test_labels,

@@ -33,6 +33,7 @@ from dpmerge.privacy.accounting import (
 )
 from dpmerge.privacy.randomness import RNG_MODES, MechanismRandomness
 from dpmerge.privacy.study_key import mechanism_fingerprint
+from dpmerge.runtime import compute_line
 from dpmerge.training.dp_step import method_update, poisson_batch, privatized_gradient
 from dpmerge.training.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.training.persample import STRATEGIES, make_clipper
@@ -279,6 +280,7 @@ def finetune(
         query = private_query if method.private else nonprivate_gradient
         losses: list[float] = []
         started = time.time()
+        loop_started = time.perf_counter()
         for step in range(first_step, steps):
             batch = poisson_batch(num_examples, sample_rate, sampler)
             features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
@@ -304,6 +306,7 @@ def finetune(
                     f"[finetune] step {step + 1}/{steps} batch={labels.numel()} loss={loss:.4f} "
                     f"elapsed={elapsed:.1f}s ({rate:.2f} steps/s, eta {(steps - step - 1) / rate:.0f}s)"
                 )
+        log(compute_line("training loop", time.perf_counter() - loop_started))
     except BaseException:
         backbone.load_top_state(pretrained)  # the shared backbone must not keep a half-trained top
         raise
