@@ -219,6 +219,11 @@ SWEEPS = config["sweeps"]
 TABLE_OPERATOR = config["tables"]["operator"]
 
 
+# The model diagnostics (curvature, linearity, interpolation) are the DAG's slowest jobs; a study may run them
+# on its first seeds only. Drift, merges and scores run on every seed.
+DIAGNOSED_SEEDS = SEEDS[: config["diagnostics"].get("seeds") or len(SEEDS)]
+
+
 def release_grid():
     """(backbone, eps, method, seed) of every release group of the main grid: every merge, every diagnostic."""
     return [
@@ -282,8 +287,9 @@ def sweep_merges(parameter):
 
 def all_groups():
     """Every release group with the merges it runs and whether the curvature diagnostic runs on it."""
-    groups = [dict(g, merges=OPERATOR_NAMES, curvature=True) for g in release_grid()]
-    groups += [dict(g, merges=sweep_merges("epsilon"), curvature=True) for g in epsilon_sweep_grid()]
+    groups = [dict(g, merges=OPERATOR_NAMES, curvature=g["seed"] in DIAGNOSED_SEEDS) for g in release_grid()]
+    groups += [dict(g, merges=sweep_merges("epsilon"), curvature=g["seed"] in DIAGNOSED_SEEDS)
+               for g in epsilon_sweep_grid()]
     for parameter in SENSITIVITY_LABELS:
         groups += [dict(g, merges=sweep_merges(parameter), curvature=False) for g in sensitivity_grid(parameter)]
     return groups
@@ -311,7 +317,7 @@ def table_scores(wildcards):
 
 
 def table_curves(wildcards):
-    return [INTERPOLATION.format(**g) for g in table_groups(wildcards)]
+    return [INTERPOLATION.format(**g) for g in table_groups(wildcards) if g["seed"] in DIAGNOSED_SEEDS]
 
 
 # Each paper table is built where the configured grid holds its inputs, and otherwise listed with the reason in
