@@ -20,10 +20,13 @@ if not workflow.config_settings.configfiles:
     configfile: "config.yaml"
 
 
-report: "workflow/report/workflow.rst"
-
-
 include: "workflow/rules/common.smk"
+
+
+# The report opens on the study's answer once the run has written it (rule answer), else on the description.
+report: ANSWER_RST if os.path.exists(ANSWER_RST) else "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/merge.smk"
 include: "workflow/rules/diagnostics.smk"

@@ -22,6 +22,9 @@ def test_table_captions(n_seeds, note):
     assert captions.multitask_table_caption(backbone="vit-b32", kind="clip_vit_b32", epsilon=0.5,
                                             n_seeds=n_seeds) == (
         f"Multi-task scores (0-100, each task's own metric) with clip_vit_b32 (vit-b32), epsilon = 0.5, {note}.")
+    assert captions.multitask_table_caption(backbone="vit-b32", kind="clip_vit_b32", epsilon=0.5, n_seeds=n_seeds,
+                                            pretrained="zeroshot").endswith(
+        f"{note}. Pretrained: w0 with its zero-shot heads (nothing trained); the score a merge must beat.")
     assert captions.ablation_table_caption(backbone="effnet", kind="efficientnet_lite0", epsilon=8.0,
                                            n_seeds=n_seeds) == (
         "Ablation of DP-Merging with efficientnet_lite0 (effnet), epsilon = 8: average score over tasks (0-100) of "

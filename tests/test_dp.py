@@ -358,3 +358,29 @@ def test_batch_larger_than_the_dataset_is_refused(toy_backbone, toy_data):
     with pytest.raises(ValueError, match="batch_size 100 exceeds the 64 training examples"):
         finetune(toy_backbone, 3, features, labels, FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=100),
                  **keyed())
+
+
+def test_a_head_only_run_trains_the_head_under_dp_and_leaves_w0_alone(toy_backbone, toy_data):
+    """The Pretrained row's run: zero task vector, a head trained by DP-AdamW at the same budget, and the
+    backbone's trainable flags back as they were."""
+    features, labels = toy_data
+    trainable_before = [p.requires_grad for p in toy_backbone.network.parameters()]
+    config = FinetuneConfig(method="pretrained_head", target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, seed=3)
+    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    assert all(torch.count_nonzero(v) == 0 for v in result.task_vector.values())
+    assert result.record["steps_by_queries"] == {"1": 8} and 0 < result.record["spent_epsilon"] <= 2.0
+    initial = finetune(toy_backbone, 3, features, labels, replace(config, epochs=1e-9), **keyed(),
+                       log=lambda _: None).head  # one step: close to the initial head
+    assert any(not torch.allclose(result.head[k], initial[k]) for k in result.head)
+    assert [p.requires_grad for p in toy_backbone.network.parameters()] == trainable_before
+
+
+def test_a_head_only_run_with_a_frozen_zero_shot_head_touches_no_data(toy_backbone, toy_data):
+    features, labels = toy_data
+    head = {name: value.clone() for name, value in TaskModel(toy_backbone, 3).head.state_dict().items()}
+    config = FinetuneConfig(method="pretrained_head", target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, seed=3)
+    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None, head=head,
+                      train_head=False)
+    assert result.record["steps_by_queries"] == {} and result.record["spent_epsilon"] == 0.0
+    assert all(torch.equal(result.head[k], head[k]) for k in head)
+    assert all(torch.count_nonzero(v) == 0 for v in result.task_vector.values())

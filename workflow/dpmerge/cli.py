@@ -119,7 +119,7 @@ def cmd_statistics(args) -> None:
 def cmd_evaluate(args) -> None:
     runtime.set_threads(args.threads)
     evaluate.evaluate(backbone_spec=_spec(args), base=args.base, heads=args.heads, data=args.data, out=args.out,
-                      merged=args.merged, task_vectors=args.task_vectors)
+                      merged=args.merged, task_vectors=args.task_vectors, own_task_only=args.own_task_only)
 
 
 def cmd_drift(args) -> None:
@@ -199,6 +199,17 @@ def cmd_ledger(args) -> None:
                   statistics_out=args.statistics_out)
 
 
+def cmd_answer(args) -> None:
+    tables = {}
+    for item in args.table1:
+        setting, separator, path = item.rpartition("=")
+        if not separator or not setting:
+            raise ValueError(f"--table1 {item!r}: expected SETTING=PARQUET")
+        tables[setting] = path
+    report.answer(tables=tables, ledger=args.ledger, out_markdown=args.out_markdown, out_rst=args.out_rst,
+                  links=args.link, description=args.description)
+
+
 COMMANDS = {
     "prepare": cmd_prepare, "zeroshot-head": cmd_zeroshot_head, "prepare-data": cmd_prepare_data,
     "make-standins": cmd_make_standins, "pretrained": cmd_pretrained, "finetune": cmd_finetune, "merge": cmd_merge,
@@ -206,6 +217,7 @@ COMMANDS = {
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,
     "plot-sharpness-drift": cmd_plot_sharpness_drift, "plot-gap-bound": cmd_plot_gap_bound,
     "plot-interpolation": cmd_plot_interpolation, "plot-landscape": cmd_plot_landscape, "ledger": cmd_ledger,
+    "answer": cmd_answer,
 }
 
 

@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--merged", help="merged model .safetensors (omit to evaluate the individual task vectors)")
     p.add_argument("--task-vectors", nargs="*", help="task vectors, one per task (individual evaluation)")
+    p.add_argument("--own-task-only", action="store_true",
+                   help="individual evaluation: each task model on its own task only (default: on every task)")
     p.add_argument("--heads", nargs="+", required=True, help="task heads, one per task")
     p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order as --heads")
     p.add_argument("--threads", type=int, default=1)
@@ -267,4 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", required=True, help="ledger check report .md")
     p.add_argument("--statistics", nargs="*", help="merge statistics files (from 'dpmerge statistics')")
     p.add_argument("--statistics-out", help="per-task ledger of merge statistics .parquet")
+
+    p = add("answer", "The study's answer on one page (DP-Merging - DP per backbone and operator, the ablation, "
+                      "the ledger's verdict) as Markdown and as the report's front page (.rst).")
+    p.add_argument("--table1", nargs="+", required=True, metavar="SETTING=PARQUET",
+                   help="Table 1 files, each named by its setting, e.g. 'effnet, eps = 4=results/tables/t.parquet'")
+    p.add_argument("--ledger", required=True, help="the privacy ledger's report .md")
+    p.add_argument("--link", nargs="*", default=[], help="files the page points to")
+    p.add_argument("--description", help="reStructuredText appended to the report's front page")
+    p.add_argument("--out-markdown", required=True, help="answer .md")
+    p.add_argument("--out-rst", required=True, help="answer .rst (the report's front page)")
     return parser

@@ -287,12 +287,20 @@ def sweep_merges(parameter):
 
 def all_groups():
     """Every release group with the merges it runs and whether the curvature diagnostic runs on it."""
-    groups = [dict(g, merges=OPERATOR_NAMES, curvature=g["seed"] in DIAGNOSED_SEEDS) for g in release_grid()]
+    groups = [dict(g, merges=OPERATOR_NAMES, curvature=g["seed"] in DIAGNOSED_SEEDS) for g in release_grid()
+              if not head_only(g["method"])]
+    # The Pretrained row's runs (w0 + a DP head): their task vectors are zero, so there is nothing to merge or
+    # diagnose; only their individual scores are read
+    groups += [dict(g, merges=[], curvature=False) for g in release_grid() if head_only(g["method"])]
     groups += [dict(g, merges=sweep_merges("epsilon"), curvature=g["seed"] in DIAGNOSED_SEEDS)
                for g in epsilon_sweep_grid()]
     for parameter in SENSITIVITY_LABELS:
         groups += [dict(g, merges=sweep_merges(parameter), curvature=False) for g in sensitivity_grid(parameter)]
     return groups
+
+
+def head_only(method):
+    return METHODS[method_of(method)].head_only
 
 
 def all_task_vectors():
@@ -312,12 +320,14 @@ def table_scores(wildcards):
     """Every score file a (backbone, eps) table reads: individual and merged, all methods and seeds."""
     groups = table_groups(wildcards)
     files = [SCORES_INDIVIDUAL.format(**g) for g in groups]
-    files += [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES]
+    files += [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES
+              if not head_only(g["method"])]
     return files
 
 
 def table_curves(wildcards):
-    return [INTERPOLATION.format(**g) for g in table_groups(wildcards) if g["seed"] in DIAGNOSED_SEEDS]
+    return [INTERPOLATION.format(**g) for g in table_groups(wildcards)
+            if g["seed"] in DIAGNOSED_SEEDS and not head_only(g["method"])]
 
 
 # Each paper table is built where the configured grid holds its inputs, and otherwise listed with the reason in
@@ -393,6 +403,19 @@ def planned_tables():
 
 
 PLANNED_TABLES, SKIPPED_TABLES = planned_tables()
+ANSWER = result("answer.md")
+ANSWER_RST = result("answer.rst")
+
+
+def answer_tables():
+    """SETTING=PARQUET of every Table 1, for the answer page."""
+    return {f"{b}, ε = {epsilon_of_label(e):g}": TABLE1.format(backbone=b, eps=e) + ".parquet"
+            for b in config["backbones"] for e in PRIVATE_EPS}
+
+
+def answer_links():
+    tables = [prefix + ".html" for prefix in PLANNED_TABLES]
+    return tables + [prefix + ".png" for prefix in all_figures()] + [LEDGER_REPORT]
 for _table, _reason in SKIPPED_TABLES:
     print(f"dpmerge: skipping {_table}: {_reason}", file=sys.stderr)
 
@@ -428,9 +451,10 @@ def all_figures():
 
 
 def all_targets():
-    targets = [LEDGER_REPORT, TABLES_INDEX]
+    targets = [LEDGER_REPORT, TABLES_INDEX, ANSWER, ANSWER_RST]
     for g in all_groups():
-        targets.append(DRIFT.format(**g))
+        if g["merges"]:
+            targets.append(DRIFT.format(**g))
         if g["curvature"]:
             targets += [CURVATURE.format(**g), LINEARITY.format(**g)]
         targets += [SCORES_MERGED.format(operator=o, **g) for o in g["merges"]]
@@ -510,8 +534,11 @@ def _kind(backbone):
 
 # Captions and titles: the wildcards and the config as plain values for dpmerge/report/captions.py
 def table1_caption(wildcards):
+    pretrained = None
+    if "pretrained_head" in config["methods"]:
+        pretrained = "zeroshot" if BACKBONES[_kind(wildcards.backbone)].zeroshot_heads else "dp"
     return multitask_table_caption(backbone=wildcards.backbone, kind=_kind(wildcards.backbone),
-                                   epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS))
+                                   epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS), pretrained=pretrained)
 
 
 def table1_metric_flag(wildcards):

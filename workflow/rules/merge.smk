@@ -63,6 +63,7 @@ rule evaluate_individual:
         SCORES_INDIVIDUAL,
     params:
         spec=backbone_spec,
+        own_task="" if config["evaluation"]["cross_task"] else "--own-task-only",
     log:
         result("logs/evaluate_individual/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
@@ -74,7 +75,7 @@ rule evaluate_individual:
         runtime="1h",
     shell:
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
-        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} "
+        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
         "--threads {threads} -o {output} > {log} 2>&1"
 
 

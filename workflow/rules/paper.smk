@@ -235,3 +235,27 @@ rule figure_landscape:
         runtime="10m",
     shell:
         "dpmerge plot-landscape {input} --title {params.title:q} -o {output} > {log} 2>&1"
+
+
+# The page the report opens on: DP-Merging - DP per backbone and operator with intervals, the ablation, the
+# ledger's verdict (the Snakefile makes it the report's front page once it exists).
+rule answer:
+    input:
+        tables=list(answer_tables().values()),
+        ledger=LEDGER_REPORT,
+    output:
+        markdown=ANSWER,
+        rst=ANSWER_RST,
+    params:
+        tables=" ".join(shlex.quote(f"{s}={p}") for s, p in answer_tables().items()),
+        links=" ".join(answer_links()),
+        description=os.path.join(workflow.current_basedir, "..", "report", "workflow.rst"),
+    log:
+        result("logs/answer.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="5m",
+    shell:
+        "dpmerge answer --table1 {params.tables} --ledger {input.ledger} --link {params.links} "
+        "--description {params.description:q} --out-markdown {output.markdown} --out-rst {output.rst} > {log} 2>&1"

@@ -18,11 +18,17 @@ def seeds_note(n_seeds: int) -> str:
     return f"mean ± std over {n_seeds} seeds, improvements as mean paired difference [95 % t-interval]"
 
 
-def multitask_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds: int) -> str:
-    """Table 1: per-task scores of each method's individual models and merges at one budget."""
+def multitask_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds: int,
+                            pretrained: str | None = None) -> str:
+    """Table 1: per-task scores of each method's individual models and merges at one budget. `pretrained`
+    says what the Pretrained row's heads are ("dp": trained under DP at this budget, "zeroshot")."""
+    heads = {"dp": " Pretrained: w0 unchanged, each task's head trained under DP at the same budget; the score a "
+                   "merge must beat.",
+             "zeroshot": " Pretrained: w0 with its zero-shot heads (nothing trained); the score a merge must beat.",
+             None: ""}[pretrained]
     return (
         f"Multi-task scores (0-100, each task's own metric) with {kind} ({backbone}), "
-        f"epsilon = {epsilon:g}, {seeds_note(n_seeds)}."
+        f"epsilon = {epsilon:g}, {seeds_note(n_seeds)}.{heads}"
     )
 
 

@@ -8,6 +8,7 @@ METHOD_LABELS = {
     "dp_merging": "DP-Merging",
     "dp_sam": "DP-Merging w/o alignment",
     "dp_anchor": "DP-Merging w/o flatness",
+    "pretrained_head": "Pretrained",
 }
 ABLATIONS = ("dp_sam", "dp_anchor")
 # Table 5's rows: (method, label); dp_sam keeps SAM and drops the anchor, dp_anchor the reverse

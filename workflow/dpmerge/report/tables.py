@@ -151,6 +151,9 @@ def _one_setting(rows: pd.DataFrame, what: str) -> None:
             raise ValueError(f"{what}: scores mix privacy budgets {sorted(budgets)}; pass one epsilon's")
 
 
+PRETRAINED_ROW = "Pretrained (w0, a head per task)"
+
+
 def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp_merging",
            metric_in_header: bool = False) -> PaperTable:
     """Table 1 (and the GLUE Tables 3/11): rows = row labels, columns = tasks + 'Avg.'.
@@ -174,6 +177,9 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
         return None if rows is None else _with_normalized(rows, per_seed("individual", method), tasks)
 
     rows: dict[str, pd.DataFrame] = {}
+    # w0 with a DP head per task (CLIP: zero-shot heads): what a merge must beat to be worth doing
+    if (r := per_seed("individual", "pretrained_head")) is not None:
+        rows[PRETRAINED_ROW] = r
     for method in ("nonprivate", baseline, proposed, *ABLATIONS):
         if (r := per_seed("individual", method)) is not None:
             rows[f"{label_of(METHOD_LABELS, method)} Individual"] = r
@@ -398,13 +404,18 @@ INTERVAL_NOTE = ("Signed cells: mean paired difference over seeds [95 % t-interv
                  "excludes 0.")
 
 
-def _difference_cell(table: PaperTable, label, column) -> str:
+def signed_cell(mean: float, low: float | None = None, high: float | None = None) -> str:
     """'+3.8' with one seed; '+3.8 [-6.3, +13.8]' from two on, starred when the interval excludes 0."""
-    text = f"{table.mean.loc[label, column]:+.1f}"
-    if table.low is None or pd.isna(table.low.loc[label, column]):
+    text = f"{mean:+.1f}"
+    if low is None or pd.isna(low):
         return text
-    low, high = table.low.loc[label, column], table.high.loc[label, column]
     return f"{text} [{low:+.1f}, {high:+.1f}]" + ("*" if low > 0 or high < 0 else "")
+
+
+def _difference_cell(table: PaperTable, label, column) -> str:
+    if table.low is None:
+        return signed_cell(table.mean.loc[label, column])
+    return signed_cell(table.mean.loc[label, column], table.low.loc[label, column], table.high.loc[label, column])
 
 
 def _has_intervals(table: PaperTable) -> bool:

@@ -16,9 +16,10 @@ from dpmerge.stages.common import (
 
 
 def evaluate(*, backbone_spec: dict, base: str, heads: list[str], data: list[str], out: str,
-             merged: str | None = None, task_vectors: list[str] | None = None) -> None:
+             merged: str | None = None, task_vectors: list[str] | None = None, own_task_only: bool = False) -> None:
     """Score the model(s) on each task's test set with that task's head, one Parquet row per (model, task):
-    the merged model if `merged` is given, otherwise each of `task_vectors` (one per head)."""
+    the merged model if `merged` is given, otherwise each of `task_vectors` (one per head) on every task, or on
+    its own task only with `own_task_only`."""
     from dpmerge.artifacts import load_tensors
     from dpmerge.models.spec import backbone_from_spec
 
@@ -29,7 +30,7 @@ def evaluate(*, backbone_spec: dict, base: str, heads: list[str], data: list[str
         raise ValueError("individual evaluation needs one --task-vectors file per --heads file")
     with compute_section("evaluation", log):
         rows = (_merged_rows(network, w0, tasks, merged) if merged
-                else _individual_rows(network, w0, tasks, task_vectors))
+                else _individual_rows(network, w0, tasks, task_vectors, own_task_only))
     write_parquet(rows, out)
 
 
@@ -45,7 +46,7 @@ def _score(network, head, meta: dict, prepared: dict, model_label: str, source_t
             **result}
 
 
-def _individual_rows(network, w0: dict, tasks: list, task_vectors: list[str]) -> list[dict]:
+def _individual_rows(network, w0: dict, tasks: list, task_vectors: list[str], own_task_only: bool) -> list[dict]:
     # Every task model on every task (with that task's head): the diagonal is the "DP Individual" score,
     # the off-diagonal shows how far one task's encoder serves the others.
     from dpmerge.models.base import task_model_weights
@@ -55,6 +56,8 @@ def _individual_rows(network, w0: dict, tasks: list, task_vectors: list[str]) ->
     for vector, vector_meta in zip(vectors, metas):
         network.load_top_state(task_model_weights(w0, vector))
         for head, meta, prepared in tasks:
+            if own_task_only and prepared["task"] != vector_meta["task"]:
+                continue
             rows.append(_score(network, head, meta, prepared, "individual", vector_meta["task"], vector_meta["task"]))
     return rows
 

@@ -131,6 +131,7 @@ STEPS = {
     "dp_merging": dp_merging_step,
     "dp_sam": dp_sam_step,
     "dp_anchor": dp_anchor_step,
+    "pretrained_head": naive_dp_step,  # Eq. (4) on the head's parameters alone
 }
 
 

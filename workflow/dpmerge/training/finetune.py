@@ -197,19 +197,29 @@ def finetune(
     if head is not None:
         model.head.load_state_dict(head)
     model.head.requires_grad_(train_head)
+    # A head-only run leaves w0 as it is; the shared backbone's flags are restored when the run ends.
+    frozen_top = [p for p in model.backbone_network.parameters() if p.requires_grad] if method.head_only else []
+    for p in frozen_top:
+        p.requires_grad_(False)
     model.train()
     strategy = (
         backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
     )
-    per_sample = make_clipper(model, strategy, backbone.autocast) if method.private else None
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
+    # Nothing to train (a head-only run with a frozen zero-shot head): no query touches the data, none is
+    # accounted, and the release is w0 with the public head.
+    trains = bool(params)
+    if not trains:
+        steps = 0
+    per_sample = make_clipper(model, strategy, backbone.autocast) if method.private and trains else None
     backbone_prefix = "backbone_network."
     internal_pretrained = {name: value.to(device) for name, value in backbone.internal_state(pretrained).items()}
     anchors = [internal_pretrained.get(name.removeprefix(backbone_prefix)) for name in names]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
+    optimizer = (torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
+                 if trains else None)
 
-    if method.private:
+    if method.private and trains:
         sigma = calibrate_noise_multiplier(
             config.target_epsilon, delta, sample_rate, steps, method.queries_per_step, config.accountant,
             config.neighbouring,
@@ -313,6 +323,8 @@ def finetune(
     finally:
         if per_sample is not None:
             per_sample.close()  # remove hooks: the backbone is shared with later models in this process
+        for p in frozen_top:
+            p.requires_grad_(True)
 
     ran = {int(k): int(n) for k, n in sorted(steps_by_queries.items()) if k > 0}
     if method.private:

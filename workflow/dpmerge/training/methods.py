@@ -12,6 +12,8 @@ class Method:
     sharpness_aware: bool
     anchored: bool
     description: str
+    # w0 stays as it is and only the head learns (under DP, at the same budget): the score a merge must beat
+    head_only: bool = False
 
     @property
     def queries_per_step(self) -> int:
@@ -24,6 +26,10 @@ METHODS: dict[str, Method] = {
     "dp_merging": Method("dp_merging", True, True, True, "DP-SAM (two noisy clipped queries per batch) + anchor to w0"),
     "dp_sam": Method("dp_sam", True, True, False, "DP-Merging without alignment (lambda = 0)"),
     "dp_anchor": Method("dp_anchor", True, False, True, "DP-Merging without flatness (anchor only, one query per step)"),
+    "pretrained_head": Method("pretrained_head", True, False, False,
+                              "w0 unchanged, a head trained by DP-AdamW at the same budget (CLIP: its zero-shot "
+                              "heads, nothing trained); the Pretrained row, the score a merge must beat",
+                              head_only=True),
 }
 
 

@@ -1,0 +1,44 @@
+"""The answer page: DP-Merging - DP per operator with the interval Table 1 computed, read from Table 1's own
+Parquet file, and the ledger's verdict as the ledger wrote it."""
+
+import pandas as pd
+
+from dpmerge.report.answer import ledger_verdict, write_answer
+from dpmerge.report.tables import table1, write_table
+
+
+def scores(gains_by_method):
+    rows = []
+    for seed in range(3):
+        for method, gains in gains_by_method.items():
+            for operator, gain in gains.items():
+                rows.append({"model": operator, "method": method, "task": "a", "score": 50.0 + gain[seed],
+                             "seed": seed, "source_task": "a" if operator == "individual" else "merged"})
+    return pd.DataFrame(rows)
+
+
+def test_the_page_carries_table_1s_paired_intervals_and_the_ledger_verdict(tmp_path):
+    frame = scores({"naive_dp": {"ties": [0, 0, 0], "weight_averaging": [0, 0, 0]},
+                    "dp_merging": {"ties": [4, 5, 6], "weight_averaging": [1, 2, 3]},
+                    "dp_sam": {"ties": [-1, -2, -3], "weight_averaging": [0, 0, 0]},
+                    "nonprivate": {"ties": [30, 30, 30], "weight_averaging": [30, 30, 30]},
+                    "pretrained_head": {"individual": [-10, -10, -10]}})
+    write_table(table1(frame), tmp_path / "t1", "caption")
+    ledger = tmp_path / "ledger.md"
+    ledger.write_text("## Check\n\n- every record complete ...: PASS\n")
+    write_answer(tables={"toy, ε = 4": str(tmp_path / "t1.parquet")}, ledger=str(ledger),
+                 out_markdown=str(tmp_path / "a.md"), out_rst=str(tmp_path / "a.rst"), links=["t1.html"])
+    page = (tmp_path / "a.md").read_text()
+    # differences 4, 5, 6: mean 5, t(0.975, 2) * 1 / sqrt(3) = 2.48 -> [+2.5, +7.5], starred
+    assert "| toy, ε = 4 | TIES | 40.0 | 50.0 | +5.0 [+2.5, +7.5]* | -2.0 [-4.5, +0.5] |  | 80.0 |" in page
+    assert "| toy, ε = 4 | Weight Averaging | 40.0 | 50.0 | +2.0 [-0.5, +4.5] | +0.0 [+0.0, +0.0] |  | 80.0 |" in page
+    assert "above 0 with 95 % confidence under 1 of 2 operators and below 0 under 0" in page
+    assert "Privacy ledger" in page and ": PASS." in page
+    rst = (tmp_path / "a.rst").read_text()
+    assert rst.startswith("Does DP-Merging merge better than naive DP?\n====") and "+5.0 [+2.5, +7.5]*" in rst
+
+
+def test_the_verdict_is_the_ledgers():
+    assert ledger_verdict("- FAIL: x.safetensors: epsilon above target\n") == "FAIL"
+    assert ledger_verdict("- every record ...: PASS\n") == "PASS"
+    assert ledger_verdict("# Privacy ledger\n") == "not checked"

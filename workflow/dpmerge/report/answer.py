@@ -1,0 +1,116 @@
+"""The study's answer on one page: does DP-Merging merge better than naive DP, per backbone and operator, with
+the ablation, read from the Table 1 files that ran, and the privacy ledger's verdict.
+
+Written as Markdown (results/answer.md) and as reStructuredText that Snakemake's report opens on (the Snakefile
+uses it as the report's front page once it exists).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from dpmerge.report.labels import AVERAGE, AVERAGE_GAIN, METHOD_LABELS
+from dpmerge.report.tables import INTERVAL_NOTE, PRETRAINED_ROW, signed_cell
+
+COMPARED = (("dp_merging", "DP-Merging − DP"), ("dp_sam", "w/o alignment − DP (DP-SAM, no anchor)"),
+            ("dp_anchor", "w/o flatness − DP (anchor, no SAM)"))
+HEADER = ["Backbone", "Operator", "Pretrained", "DP + operator", *[label for _, label in COMPARED],
+          "Non-private + operator"]
+
+
+def _row(table: pd.DataFrame, label: str) -> pd.Series | None:
+    found = table[table["row"] == label]
+    return None if found.empty else found.iloc[0]
+
+
+def _gain(row: pd.Series | None) -> tuple[str, float | None, float | None]:
+    if row is None or pd.isna(row.get(AVERAGE_GAIN)):
+        return "", None, None
+    low, high = row.get(f"{AVERAGE_GAIN} ci95 low"), row.get(f"{AVERAGE_GAIN} ci95 high")
+    return signed_cell(row[AVERAGE_GAIN], low, high), low, high
+
+
+def _score(row: pd.Series | None) -> str:
+    return "" if row is None or pd.isna(row.get(AVERAGE)) else f"{row[AVERAGE]:.1f}"
+
+
+def operators_in(table: pd.DataFrame) -> list[str]:
+    """The merge labels Table 1 holds, in its order (rows 'DP + <merge>')."""
+    prefix = f"{METHOD_LABELS['naive_dp']} + "
+    return [row[len(prefix):] for row in table["row"] if str(row).startswith(prefix)]
+
+
+def ledger_verdict(ledger_markdown: str) -> str:
+    if "- FAIL:" in ledger_markdown:
+        return "FAIL"
+    return "PASS" if ": PASS" in ledger_markdown else "not checked"
+
+
+def answer_rows(tables: dict[str, pd.DataFrame]) -> tuple[list[list[str]], list[str], set[int]]:
+    """Table rows, one summary line per setting, and the seed counts behind the cells."""
+    rows, summary, seeds = [], [], set()
+    for setting, table in tables.items():
+        better = worse = total = 0
+        for operator in operators_in(table):
+            cells = [setting, operator, _score(_row(table, PRETRAINED_ROW))]
+            dp = _row(table, f"{METHOD_LABELS['naive_dp']} + {operator}")
+            cells.append(_score(dp))
+            for method, _ in COMPARED:
+                row = _row(table, f"{METHOD_LABELS[method]} + {operator}")
+                text, low, high = _gain(row)
+                cells.append(text)
+                if row is not None and pd.notna(row.get("seeds")):
+                    seeds.add(int(row["seeds"]))
+                if method == "dp_merging" and text:
+                    total += 1
+                    better += low is not None and low > 0
+                    worse += high is not None and high < 0
+            cells.append(_score(_row(table, f"{METHOD_LABELS['nonprivate']} + {operator}")))
+            rows.append(cells)
+        if total:
+            summary.append(f"{setting}: DP-Merging − DP is above 0 with 95 % confidence under {better} of {total} "
+                           f"operators and below 0 under {worse}.")
+    return rows, summary, seeds
+
+
+def _markdown_table(rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join([":---"] * 2 + ["---:"] * (len(HEADER) - 2)) + "|"]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
+def _rst_table(rows: list[list[str]]) -> list[str]:
+    lines = [".. list-table::", "   :header-rows: 1", ""]
+    for cells in [HEADER, *rows]:
+        lines.append("   * - " + (cells[0] or " "))
+        lines += [f"     - {cell or ' '}" for cell in cells[1:]]
+    return lines
+
+
+def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: str, links: list[str],
+                 description: str | None = None) -> None:
+    """`tables` maps a setting's label (e.g. 'effnet, ε = 4') to its Table 1 Parquet file."""
+    from dpmerge.artifacts import atomic_write
+
+    frames = {setting: pd.read_parquet(path) for setting, path in tables.items()}
+    rows, summary, seeds = answer_rows(frames)
+    verdict = ledger_verdict(Path(ledger).read_text())
+    counts = ", ".join(str(n) for n in sorted(seeds)) or "?"
+    title = "Does DP-Merging merge better than naive DP?"
+    intro = (f"Average test score (0-100) of the merged model over the tasks; {counts} seed(s) per cell. "
+             "Pretrained: w0 unchanged with each task's own head trained under DP at the same budget (CLIP: "
+             "its zero-shot heads), the score a merge must beat to be worth doing. "
+             "Each difference is paired by seed (the same seed index, tasks and operator). " + INTERVAL_NOTE)
+    ledger_line = f"Privacy ledger (every release's record, recomputed and checked independently): {verdict}."
+    markdown = [f"# {title}", "", intro, "", *_markdown_table(rows), "", *[f"- {s}" for s in summary], "",
+                ledger_line, "", "Files: " + ", ".join(f"`{link}`" for link in links), ""]
+    rst = [title, "=" * len(title), "", intro, "", *_rst_table(rows), "", *[f"- {s}" for s in summary], "",
+           f"**{ledger_line}**", "", "Table 1 and the ablation (Table 5) with every task are under **Tables**, "
+           "the diagnostics under **Figures**, the ledger under **Privacy**. Files: "
+           + ", ".join(f"``{link}``" for link in links), ""]
+    if description:
+        rst += ["About this workflow", "-------------------", "", Path(description).read_text()]
+    atomic_write(out_markdown, lambda path: Path(path).write_text("\n".join(markdown)))
+    atomic_write(out_rst, lambda path: Path(path).write_text("\n".join(rst)))
+
