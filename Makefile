@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo test install dry-run standin clean
+.PHONY: demo full protocol test install dry-run standin clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,15 @@ demo: install
 	# every table and figure, captioned, in one self-contained HTML file
 	$(BIN)/snakemake --cores 1 --configfile config.yaml --workflow-profile profiles/local --report results/report.html
 
+# The full embedded study: every operator, every diagnostic, the sweeps (Tables 4, 6, 7), in results_full/.
+full: install
+	$(BIN)/snakemake --cores $(CORES) --configfile presets/full.yaml --workflow-profile profiles/local
+	$(BIN)/snakemake --cores 1 --configfile presets/full.yaml --workflow-profile profiles/local --report results_full/report.html
+
+# How the default's training budget was chosen: candidates scored on validation splits, nothing merged.
+protocol: install
+	$(BIN)/snakemake --cores $(CORES) --configfile presets/protocol.yaml --workflow-profile profiles/local
+
 # The paper's code paths (CLIP, RoBERTa, the paper's dataset readers) on tiny stand-ins: minutes on a CPU.
 standin: install
 	[ -d standins ] || $(BIN)/dpmerge make-standins --out standins
@@ -33,4 +42,4 @@ test: install
 	$(BIN)/python -m pytest -q -rs tests
 
 clean:
-	rm -rf results results_standin standins .snakemake
+	rm -rf results results_full results_protocol results_standin standins .snakemake

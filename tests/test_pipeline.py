@@ -294,11 +294,11 @@ def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished
     config.write_text(yaml.safe_dump(changed))
     result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
     assert result.returncode == 0, result.stderr[-2000:]
-    # 2 backbones x 2 methods of TIES merges, their evaluations, and the two tables; no fine-tuning
+    # 2 backbones x 2 methods of TIES merges (each scored in its job), and the tables; no fine-tuning
     # TIES runs in the main grid (2 backbones x 2 methods) and in effnet's epsilon-8 and rho-0.2 groups; Tables 4,
     # 6 and 8 read TIES too
     assert planned_jobs(result.stdout + result.stderr) == {
-        "merge": 7, "evaluate_merged": 7, "table1": 2, "table4": 1, "table6": 1, "table8": 2, "all": 1}
+        "merge": 7, "table1": 2, "table4": 1, "table6": 1, "table8": 2, "answer": 1, "all": 1}
 
 
 def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(finished_run):
@@ -309,8 +309,7 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
     result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
     assert result.returncode == 0, result.stderr[-2000:]
     assert planned_jobs(result.stdout + result.stderr) == {
-        "merge_statistics": 4, "merge": 4, "evaluate_merged": 4, "table1": 2, "table8": 2, "privacy_ledger": 1,
-        "all": 1}
+        "merge_statistics": 4, "merge": 4, "table1": 2, "table8": 2, "privacy_ledger": 1, "answer": 1, "all": 1}
 
 
 def _dry_run_with(finished_run, name, change):
@@ -329,11 +328,11 @@ def test_added_epsilon_adds_only_its_fine_tunes_and_what_depends_on_them(finishe
     counts, jobs = _dry_run_with(finished_run, "add_epsilon.yaml", lambda c: c.update(epsilons=[4, 2]))
     # 2 backbones x 2 methods at the new budget: 2 tasks each; 5 merges, 2 statistics (RegMean, Fisher) and every
     # diagnostic per group; that budget's Tables 1 and 8 and figures; the cross-budget Table 4, Fig. 3, gap plot
-    assert counts == {"finetune": 8, "merge": 20, "evaluate_merged": 20, "merge_statistics": 8, "evaluate_individual": 4,
+    assert counts == {"finetune": 8, "merge": 20, "merge_statistics": 8, "evaluate_individual": 4,
                       "drift": 4, "interpolation": 4, "curvature": 4, "linearity": 4, "landscape": 4, "table1": 2,
                       "table8": 2, "figure_interpolation": 2, "figure_landscape": 2, "table4": 1,
                       "figure_sharpness_drift": 2, "figure_gap_bound": 2, "privacy_ledger": 1, "tables_index": 1,
-                      "all": 1}
+                      "answer": 1, "all": 1}
     assert all(w["eps"] == "eps2" for _, w in jobs if "eps" in w)  # nothing of the epsilon-4 groups reruns
 
 
@@ -364,7 +363,7 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
                              "--directory", str(finished_run), "--cores", "2", "-n", "--rerun-triggers", "code"],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert planned_jobs(result.stdout + result.stderr) == {"table1": 2, "all": 1}
+    assert planned_jobs(result.stdout + result.stderr) == {"table1": 2, "answer": 1, "all": 1}
 
 
 @pytest.mark.parametrize(
@@ -498,7 +497,6 @@ def test_sweeps_add_only_the_release_groups_and_merges_their_tables_need(tmp_pat
     # linearity) and at rho 0.2 (DP-Merging, TIES only, no curvature)
     assert jobs["finetune"] == 2 * (main_groups + 2 + 1)
     assert jobs["merge"] == main_groups * merges + 2 * 2 + 1
-    assert jobs["evaluate_merged"] == jobs["merge"]
     assert jobs["evaluate_individual"] == main_groups and jobs["interpolation"] == main_groups
     assert jobs["curvature"] == jobs["linearity"] == main_groups + 2
     assert jobs["drift"] == main_groups + 2 + 1

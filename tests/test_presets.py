@@ -41,9 +41,12 @@ def test_paper_vision_preset_lists_the_papers_dag(tmp_path):
     sweep_rho, sweep_lambda = 4, 4  # ViT-B/32 at epsilon = 4: four more rho, four more lambda values
     assert counts["prepare"] == counts["zeroshot_head"] == backbones * tasks
     assert counts["pretrained"] == backbones
-    assert counts["finetune"] == (main_groups + sweep_rho + sweep_lambda) * tasks
+    pretrained_rows = backbones * epsilons  # pretrained_head: w0 with its zero-shot heads, nothing trained
+    assert counts["finetune"] == (main_groups + sweep_rho + sweep_lambda + pretrained_rows) * tasks
+    assert counts["evaluate_individual"] == main_groups + sweep_rho + sweep_lambda + pretrained_rows
     # main groups: every operator and diagnostic; the sensitivity runs: TIES, the tables' operator
-    assert counts["merge"] == counts["evaluate_merged"] == main_groups * operators + sweep_rho + sweep_lambda
+    assert counts["merge"] == main_groups * operators + sweep_rho + sweep_lambda  # each scored in its job
+    assert "evaluate_merged" not in counts
     assert counts["merge_statistics"] == main_groups  # RegMean's privatized Grams, one file per release group
     assert counts["curvature"] == counts["linearity"] == main_groups
     assert counts["drift"] == main_groups + sweep_rho + sweep_lambda
@@ -60,7 +63,8 @@ def test_paper_glue_preset_lists_the_papers_dag(tmp_path):
     sweep_eps = 2 * 3  # RoBERTa-Large, (naive DP, DP-Merging) x eps {1, 2, 8} (Table 4, language)
     assert counts["prepare"] == backbones * tasks
     assert "zeroshot_head" not in counts  # RoBERTa trains its heads
-    assert counts["finetune"] == (main_groups + sweep_eps) * tasks
+    pretrained_rows = backbones  # pretrained_head: w0 and a head trained under DP at epsilon = 4
+    assert counts["finetune"] == (main_groups + sweep_eps + pretrained_rows) * tasks
     assert counts["merge"] == main_groups * operators + sweep_eps * 2
     assert counts["table1"] == backbones and counts["table4"] == 1  # Tables 3 and 11; Table 4
 
@@ -99,7 +103,7 @@ def standin_run(tmp_path_factory):
     targets = [f"{results}/tables/table1_{backbone}_eps4.parquet" for backbone in ("clip", "roberta")]
     targets += [f"{results}/privacy/ledger.md", f"{results}/diagnostics/curvature/clip/eps4/dp_merging/s0.parquet"]
     result = subprocess.run([*SNAKEMAKE, *targets, "--directory", str(workdir), "--cores", "2", "--configfile",
-                             "presets/standin.yaml", "--config", 'methods=["dp_merging"]'],
+                             "presets/standin.yaml", "--config", 'methods=["dp_merging","pretrained_head"]'],
                             capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return workdir / "results_standin"
@@ -127,6 +131,14 @@ def test_standin_preset_runs_the_papers_code_paths(standin_run):
     scores = pd.read_parquet(standin_run / "scores/individual/roberta/eps4/dp_merging/s0.parquet")
     assert set(scores.loc[scores["task"] == "stsb", "metric"]) == {"spearman"}
     assert "PASS" in (standin_run / "privacy/ledger.md").read_text()
+    # The Pretrained row: CLIP's is w0 with its zero-shot heads (no query, nothing spent), RoBERTa's a DP head
+    _, record = load_tensors(standin_run / "taskvectors/clip/eps4/pretrained_head/s0/mnist.safetensors")
+    assert record["steps_by_queries"] == {} and record["spent_epsilon"] == 0.0
+    _, record = load_tensors(standin_run / "taskvectors/roberta/eps4/pretrained_head/s0/stsb.safetensors")
+    assert record["steps_by_queries"] == {"1": record["steps"]} and 0 < record["spent_epsilon"] <= 4.0
+    for backbone in config["backbones"]:
+        table = pd.read_parquet(standin_run / f"tables/table1_{backbone}_eps4.parquet")
+        assert table["row"].iloc[0] == "Pretrained (w0, a head per task)"
     # RegMean's Grams read the datasets the preset declares public, through the CLIP tower's renaming
     for backbone, entry in config["backbones"].items():
         _, statistics = load_tensors(standin_run / f"statistics/{backbone}/eps4/dp_merging/s0/regmean.safetensors")

@@ -50,7 +50,7 @@ def cmd_prepare(args) -> None:
     runtime.set_threads(args.threads)
     prepare.prepare(backbone=args.backbone, backbone_spec=_spec(args), task=args.task, out=args.out,
                     max_train=args.max_train or None, max_test=args.max_test or None, data_seed=args.data_seed,
-                    data_dir=args.data_dir, workers=args.workers)
+                    data_dir=args.data_dir, workers=args.workers, validation_fraction=args.validation_fraction)
 
 
 def cmd_pretrained(args) -> None:
@@ -200,14 +200,27 @@ def cmd_ledger(args) -> None:
 
 
 def cmd_answer(args) -> None:
-    tables = {}
-    for item in args.table1:
-        setting, separator, path = item.rpartition("=")
-        if not separator or not setting:
-            raise ValueError(f"--table1 {item!r}: expected SETTING=PARQUET")
-        tables[setting] = path
-    report.answer(tables=tables, ledger=args.ledger, out_markdown=args.out_markdown, out_rst=args.out_rst,
+    report.answer(tables=_named_paths(args.table1, "--table1"), ledger=args.ledger, out_markdown=args.out_markdown, out_rst=args.out_rst,
                   links=args.link, description=args.description)
+
+
+def _named_paths(items: list[str], flag: str) -> dict[str, str]:
+    named = {}
+    for item in items:
+        name, separator, path = item.rpartition("=")
+        if not separator or not name:
+            raise ValueError(f"{flag} {item!r}: expected NAME=PATH")
+        named[name] = path
+    return named
+
+
+def cmd_select_budget(args) -> None:
+    try:
+        candidates = json.loads(args.candidates)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--candidates is not JSON: {error}") from None
+    report.select_budget(candidates=candidates, tables=_named_paths(args.table1, "--table1"), seeds=args.seeds,
+                         out_markdown=args.out_markdown, out_parquet=args.out_parquet)
 
 
 COMMANDS = {
@@ -217,7 +230,7 @@ COMMANDS = {
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,
     "plot-sharpness-drift": cmd_plot_sharpness_drift, "plot-gap-bound": cmd_plot_gap_bound,
     "plot-interpolation": cmd_plot_interpolation, "plot-landscape": cmd_plot_landscape, "ledger": cmd_ledger,
-    "answer": cmd_answer,
+    "answer": cmd_answer, "select-budget": cmd_select_budget,
 }
 
 

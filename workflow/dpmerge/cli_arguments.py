@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None,
                    help="directory holding the paper's datasets (data/paper.py layouts); embedded tasks ignore it")
     p.add_argument("--workers", type=int, default=1, help="threads decoding a paper dataset's images")
+    p.add_argument("--validation-fraction", type=float, default=None,
+                   help="hold this fraction of the training subset out as the evaluation split and never read the "
+                        "test split (the budget protocol; default: evaluate on the test split)")
 
     p = add("zeroshot-head",
             "CLIP zero-shot head of one task: text embeddings of its class names in the task's prompt templates.")
@@ -279,4 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--description", help="reStructuredText appended to the report's front page")
     p.add_argument("--out-markdown", required=True, help="answer .md")
     p.add_argument("--out-rst", required=True, help="answer .rst (the report's front page)")
+
+    p = add("select-budget", "The training-budget protocol's choice: per backbone kind, the candidate whose private "
+                             "methods' individual models score best on the validation split.")
+    p.add_argument("--table1", nargs="+", required=True, metavar="CANDIDATE=PARQUET",
+                   help="each candidate's Table 1 (scored on the validation split)")
+    p.add_argument("--candidates", required=True,
+                   help='JSON {candidate: {"kind": ..., "trainable_blocks": ..., "lr": ..., "epochs": ..., '
+                        '"batch_size": ...}}')
+    p.add_argument("--seeds", type=int, default=1, help="seeds behind each score (default: %(default)s)")
+    p.add_argument("--out-markdown", required=True, help="the choice and every candidate's scores, .md")
+    p.add_argument("--out-parquet", required=True, help="the same as .parquet")
     return parser

@@ -51,6 +51,15 @@ def check_config(config: dict) -> None:
     _check_backbones(config)
     _check_merges(config)
     _check_finetune_overrides(config)
+    if not config["merge"]:
+        # The training-budget protocol scores individual models on a validation split and must not merge: its
+        # choice is made before any merged result exists.
+        if not config["data"].get("validation_fraction"):
+            raise ConfigError("merge: configure at least one merge; an empty merge section is for the budget "
+                              "protocol (data.validation_fraction, presets/protocol.yaml)")
+        if config["sweeps"]:
+            raise ConfigError("sweeps: the budget protocol (no merges) runs no sweeps")
+        return
     _check_diagnostics(config)
     _check_tables_and_sweeps(config)
 

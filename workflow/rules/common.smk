@@ -221,7 +221,10 @@ TABLE_OPERATOR = config["tables"]["operator"]
 
 # The model diagnostics (curvature, linearity, interpolation) are the DAG's slowest jobs; a study may run them
 # on its first seeds only. Drift, merges and scores run on every seed.
-DIAGNOSED_SEEDS = SEEDS[: config["diagnostics"].get("seeds") or len(SEEDS)]
+DIAGNOSED_SEEDS = SEEDS[: config["diagnostics"].get("seeds") or len(SEEDS)] if OPERATOR_NAMES else []
+# The training-budget protocol (presets/protocol.yaml): individual models scored on a validation split held out
+# of each task's training data, no merges, and the choice of budget (rule select_budget).
+PROTOCOL = bool(config["data"].get("validation_fraction"))
 
 
 def release_grid():
@@ -370,6 +373,9 @@ def planned_tables():
     for b in config["backbones"]:
         for e in PRIVATE_EPS:
             planned[TABLE1.format(backbone=b, eps=e)] = "table1"
+            if not OPERATOR_NAMES:
+                skipped.append((f"Tables 5 and 8, {b}, {e}", "no merges configured (the budget protocol)"))
+                continue
             if missing := _missing_methods(ABLATION_METHODS):
                 skipped.append((f"Table 5 (ablation), {b}, {e}", f"methods lack {', '.join(missing)}"))
             else:
@@ -403,6 +409,7 @@ def planned_tables():
 
 
 PLANNED_TABLES, SKIPPED_TABLES = planned_tables()
+PROTOCOL_CHOICE = result("protocol/choice.md")
 ANSWER = result("answer.md")
 ANSWER_RST = result("answer.rst")
 
@@ -411,6 +418,17 @@ def answer_tables():
     """SETTING=PARQUET of every Table 1, for the answer page."""
     return {f"{b}, ε = {epsilon_of_label(e):g}": TABLE1.format(backbone=b, eps=e) + ".parquet"
             for b in config["backbones"] for e in PRIVATE_EPS}
+
+
+def protocol_candidates():
+    """Each configured backbone is one candidate setting of the protocol: its kind, trainable blocks and the
+    private methods' fine-tuning settings."""
+    candidates = {}
+    for b, entry in config["backbones"].items():
+        settings = finetune_settings(b, "naive_dp")
+        candidates[b] = {"kind": entry["kind"], "trainable_blocks": entry.get("trainable_blocks"),
+                         **{k: settings.get(k) for k in ("lr", "epochs", "batch_size")}}
+    return candidates
 
 
 def answer_links():
@@ -439,6 +457,8 @@ def backbone_drift(wildcards):
 
 def all_figures():
     figures = []
+    if not OPERATOR_NAMES:
+        return figures
     for b in config["backbones"]:
         figures.append(FIGURE_GAP_BOUND.format(backbone=b))
         if any(METHODS[method_of(g["method"])].private for g in all_groups() if g["backbone"] == b):
@@ -451,7 +471,9 @@ def all_figures():
 
 
 def all_targets():
-    targets = [LEDGER_REPORT, TABLES_INDEX, ANSWER, ANSWER_RST]
+    targets = [LEDGER_REPORT, TABLES_INDEX]
+    targets += [PROTOCOL_CHOICE] if PROTOCOL else []
+    targets += [ANSWER, ANSWER_RST] if OPERATOR_NAMES else []
     for g in all_groups():
         if g["merges"]:
             targets.append(DRIFT.format(**g))

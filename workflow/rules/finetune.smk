@@ -28,6 +28,8 @@ rule prepare:
         max_train=config["data"]["max_train"] or 0,
         max_test=config["data"]["max_test"] or 0,
         seed=config["data"]["seed"],
+        validation=(f"--validation-fraction {config['data']['validation_fraction']}"
+                    if config["data"].get("validation_fraction") else ""),
     log:
         result("logs/prepare/{backbone}/{task}.log"),
     benchmark:
@@ -40,7 +42,7 @@ rule prepare:
     shell:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
-        "--data-seed {params.seed} " + DATA_DIR_ARGUMENT + " "
+        "--data-seed {params.seed} {params.validation} " + DATA_DIR_ARGUMENT + " "
         "--workers {threads} --threads {threads} --out {output} > {log} 2>&1"
 
 

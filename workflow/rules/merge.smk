@@ -1,5 +1,5 @@
-# Fan-in: merge each release group's task vectors with every configured operator, then score every
-# individual and merged model on every task's test set.
+# Fan-in: merge each release group's task vectors with every configured operator and score the merged model,
+# and score every individual model on its task's (or every task's) test set.
 
 
 rule merge_statistics:
@@ -31,26 +31,34 @@ rule merge_statistics:
         "-o {output} > {log} 2>&1"
 
 
+# A merged model is scored in the job that makes it: one job per (release group, merge) instead of two, and the
+# scores rerun whenever the model does.
 rule merge:
     input:
         base=PRETRAINED,
         vectors=per_task(TV),
         statistics=merge_statistics_files,
+        heads=per_task(HEAD),
+        data=per_task(DATA),
     output:
-        MERGED,
+        merged=MERGED,
+        scores=SCORES_MERGED,
     params:
         hyper=operator_params,
+        spec=backbone_spec,
     log:
         result("logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
         result("benchmarks/merge/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
-    threads: 1
+    threads: config["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
         runtime="1h",
     shell:
-        "dpmerge merge {params.hyper} --base {input.base} "
-        "-o {output} {input.vectors} > {log} 2>&1"
+        "(dpmerge merge {params.hyper} --base {input.base} -o {output.merged} {input.vectors} && "
+        "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {output.merged} "
+        "--heads {input.heads} --data {input.data} --threads {threads} -o {output.scores}) > {log} 2>&1"
 
 
 rule evaluate_individual:
@@ -77,27 +85,3 @@ rule evaluate_individual:
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
         "--threads {threads} -o {output} > {log} 2>&1"
-
-
-rule evaluate_merged:
-    input:
-        base=PRETRAINED,
-        merged=MERGED,
-        heads=per_task(HEAD),
-        data=per_task(DATA),
-    output:
-        SCORES_MERGED,
-    params:
-        spec=backbone_spec,
-    log:
-        result("logs/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
-    benchmark:
-        result("benchmarks/evaluate_merged/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
-    threads: config["threads"]
-    resources:
-        mem_mb=backbone_resource("mem_mb", 4000),
-        gpu=gpus,
-        runtime="1h",
-    shell:
-        "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
-        "--heads {input.heads} --data {input.data} --threads {threads} -o {output} > {log} 2>&1"

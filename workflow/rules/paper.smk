@@ -259,3 +259,25 @@ rule answer:
     shell:
         "dpmerge answer --table1 {params.tables} --ledger {input.ledger} --link {params.links} "
         "--description {params.description:q} --out-markdown {output.markdown} --out-rst {output.rst} > {log} 2>&1"
+
+
+# The training-budget protocol's choice (presets/protocol.yaml): one candidate per configured backbone.
+rule select_budget:
+    input:
+        [TABLE1.format(backbone=b, eps=PRIVATE_EPS[0]) + ".parquet" for b in config["backbones"]],
+    output:
+        markdown=PROTOCOL_CHOICE,
+        parquet=PROTOCOL_CHOICE.removesuffix(".md") + ".parquet",
+    params:
+        tables=" ".join(f"{b}={TABLE1.format(backbone=b, eps=PRIVATE_EPS[0])}.parquet" for b in config["backbones"]),
+        candidates=json.dumps(protocol_candidates()),
+        seeds=len(SEEDS),
+    log:
+        result("logs/select_budget.log"),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="5m",
+    shell:
+        "dpmerge select-budget --table1 {params.tables} --candidates {params.candidates:q} --seeds {params.seeds} "
+        "--out-markdown {output.markdown} --out-parquet {output.parquet} > {log} 2>&1"

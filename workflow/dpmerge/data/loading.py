@@ -81,6 +81,7 @@ def load_task(
     seed: int = 0,
     data_dir: str | Path | None = None,
     workers: int = 1,
+    validation_fraction: float | None = None,
 ) -> TaskData:
     """Load task ``name`` (a key of :data:`TASKS`).
 
@@ -92,6 +93,9 @@ def load_task(
     ``data_dir``: where the paper's datasets are (paper.py reads them); ignored for the embedded tasks.
     ``workers``: threads decoding a paper dataset's images. Its inputs come back *lazy* (`LazyInputs`): images
     are decoded and resized only when a chunk is sliced, so a 100k-image train set never sits in memory whole.
+    ``validation_fraction``: hold that seeded fraction of the (capped) training subset out as the evaluation
+    split, train on the rest and never read the test split: the protocol that picks a training budget
+    (presets/protocol.yaml) scores candidates there, so the test split decides nothing.
     Raises ValueError for an unknown name or invalid argument, paper_split.MissingDataError for absent data.
     """
     if name not in TASKS:
@@ -110,6 +114,14 @@ def load_task(
     # which test examples are drawn, and vice versa.
     train_idx = _subset_indices(len(full.train_labels), max_train, np.random.default_rng([seed, 0]))
     test_idx = _subset_indices(len(full.test_labels), max_test, np.random.default_rng([seed, 1]))
+    test_raw, test_labels = full.test_raw, full.test_labels
+    if validation_fraction is not None:
+        if not 0 < validation_fraction < 1:
+            raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction!r}")
+        held_out = np.random.default_rng([seed, 2]).permutation(len(train_idx))
+        size = max(1, round(validation_fraction * len(train_idx)))
+        test_idx, train_idx = train_idx[np.sort(held_out[:size])], train_idx[np.sort(held_out[size:])]
+        test_raw, test_labels = full.train_raw, full.train_labels
     label_dtype = np.float32 if spec.is_regression else np.int64
     if spec.needs_data_dir and not spec.is_regression and len(full.class_names) != spec.num_classes:
         # A stand-in copy (standins.write_standin) may hold fewer classes than the real dataset: the head is
@@ -120,8 +132,8 @@ def load_task(
         class_names=list(full.class_names),
         train_inputs=full.render(_take(full.train_raw, train_idx), int(image_size)),
         train_labels=full.train_labels[train_idx].astype(label_dtype),
-        test_inputs=full.render(_take(full.test_raw, test_idx), int(image_size)),
-        test_labels=full.test_labels[test_idx].astype(label_dtype),
+        test_inputs=full.render(_take(test_raw, test_idx), int(image_size)),
+        test_labels=test_labels[test_idx].astype(label_dtype),
     )
 
 

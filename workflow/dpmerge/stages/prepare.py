@@ -14,8 +14,10 @@ from dpmerge.stages.common import log
 
 
 def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_train: int | None = None,
-            max_test: int | None = None, data_seed: int = 0, data_dir: str | None = None, workers: int = 1) -> None:
-    """Load a task, run the frozen trunk once over it, save features and labels (artifacts.save_prepared)."""
+            max_test: int | None = None, data_seed: int = 0, data_dir: str | None = None, workers: int = 1,
+            validation_fraction: float | None = None) -> None:
+    """Load a task, run the frozen trunk once over it, save features and labels (artifacts.save_prepared).
+    With `validation_fraction` the evaluation split is held out of the training subset (data.loading)."""
     from dpmerge.artifacts import save_prepared
     from dpmerge.data.loading import load_task
     from dpmerge.models.spec import backbone_from_spec
@@ -24,12 +26,13 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
     started = time.time()
     data = load_task(
         task, image_size=int(backbone_spec.get("image_size", 64)), max_train=max_train, max_test=max_test,
-        seed=data_seed, data_dir=data_dir, workers=workers,
+        seed=data_seed, data_dir=data_dir, workers=workers, validation_fraction=validation_fraction,
     )
     if data.spec.modality != network.modality:
         raise ValueError(f"task {task!r} is a {data.spec.modality} task but backbone {backbone!r} is a "
                          f"{network.modality} backbone")
-    log(f"[prepare] {task}: {len(data.train_labels)} train / {len(data.test_labels)} test examples")
+    evaluated_on = "test" if validation_fraction is None else "validation"
+    log(f"[prepare] {task}: {len(data.train_labels)} train / {len(data.test_labels)} {evaluated_on} examples")
     with compute_section("trunk features", log):
         train = network.trunk_features(data.train_inputs, log=log)
         test = network.trunk_features(data.test_inputs)

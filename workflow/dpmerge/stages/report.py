@@ -79,3 +79,15 @@ def answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: s
     write_answer(tables=tables, ledger=ledger, out_markdown=out_markdown, out_rst=out_rst, links=links,
                  description=description)
     log(f"[answer] wrote {out_markdown} and {out_rst}")
+
+
+def select_budget(*, candidates: dict, tables: dict[str, str], seeds: int, out_markdown: str,
+                  out_parquet: str) -> None:
+    from dpmerge.report.protocol import write_choice
+
+    if missing := sorted(set(tables) - set(candidates)):
+        raise ValueError(f"--table1 names candidates that --candidates does not describe: {missing}")
+    frame = write_choice(candidates=candidates, tables=tables, out_markdown=out_markdown, out_parquet=out_parquet,
+                         seeds=seeds)
+    for _, row in frame[frame["chosen"]].iterrows():
+        log(f"[select-budget] {row['kind']}: {row['candidate']} (pooled validation average {row['pooled']:.1f})")

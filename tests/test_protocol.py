@@ -1,0 +1,42 @@
+"""The training-budget protocol: a validation split carved out of the training subset (the test split unread),
+and the choice rule applied to Table 1's individual rows."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpmerge.data.loading import load_task
+from dpmerge.report.protocol import choose
+
+
+def test_the_validation_split_is_held_out_of_the_training_subset_and_the_test_split_is_not_read():
+    full = load_task("digits", image_size=8, max_train=200, max_test=50, seed=0)
+    held = load_task("digits", image_size=8, max_train=200, max_test=50, seed=0, validation_fraction=0.2)
+    assert len(held.train_labels) == 160 and len(held.test_labels) == 40
+    # every held-out and every kept example is one of the 200 training examples, none twice
+    pool = {bytes(np.asarray(x).tobytes()) for x in full.train_inputs}
+    kept = [bytes(np.asarray(x).tobytes()) for x in held.train_inputs]
+    out = [bytes(np.asarray(x).tobytes()) for x in held.test_inputs]
+    assert set(kept) <= pool and set(out) <= pool and not set(kept) & set(out)
+    test = {bytes(np.asarray(x).tobytes()) for x in full.test_inputs}
+    assert not set(out) & test
+    with pytest.raises(ValueError, match="validation_fraction"):
+        load_task("digits", image_size=8, max_train=200, validation_fraction=1.5)
+
+
+def table(**averages):
+    labels = {"naive_dp": "DP", "dp_merging": "DP-Merging", "dp_sam": "DP-Merging w/o alignment",
+              "dp_anchor": "DP-Merging w/o flatness", "nonprivate": "Non-private"}
+    return pd.DataFrame([{"row": f"{labels[m]} Individual", "Avg.": v} for m, v in averages.items()])
+
+
+def test_each_kind_takes_the_candidate_with_the_best_mean_over_the_private_methods():
+    candidates = {"a": {"kind": "k1", "lr": 1e-3}, "b": {"kind": "k1", "lr": 5e-3}, "c": {"kind": "k2", "lr": 2e-3}}
+    tables = {"a": table(naive_dp=50, dp_merging=40, nonprivate=99),  # pooled 45: the non-private row is ignored
+              "b": table(naive_dp=42, dp_merging=50),  # pooled 46
+              "c": table(naive_dp=10)}
+    frame = choose(candidates, tables).set_index("candidate")
+    assert frame.loc["a", "pooled"] == 45 and frame.loc["b", "pooled"] == 46
+    assert list(frame["chosen"]) == [False, True, True]
+    with pytest.raises(ValueError, match="no private method"):
+        choose({"d": {"kind": "k"}}, {"d": table(nonprivate=80)})
