@@ -24,7 +24,7 @@ include: "workflow/rules/common.smk"
 
 
 # The report opens on the study's answer once the run has written it (rule answer), else on the description.
-report: ANSWER_RST if os.path.exists(ANSWER_RST) else "workflow/report/workflow.rst"
+report: os.path.abspath(ANSWER_RST) if os.path.exists(ANSWER_RST) else "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/finetune.smk"

@@ -33,6 +33,9 @@ def test_the_page_carries_table_1s_paired_intervals_and_the_ledger_verdict(tmp_p
     assert "| toy, ε = 4 | TIES | 40.0 | 50.0 | +5.0 [+2.5, +7.5]* | -2.0 [-4.5, +0.5] |  | 80.0 |" in page
     assert "| toy, ε = 4 | Weight Averaging | 40.0 | 50.0 | +2.0 [-0.5, +4.5] | +0.0 [+0.0, +0.0] |  | 80.0 |" in page
     assert "above 0 with 95 % confidence under 1 of 2 operators and below 0 under 0" in page
+    # merged averages 50 (DP), 55 and 52 (DP-Merging), 48 and 50 (w/o alignment) against Pretrained's 40
+    assert "toy, ε = 4: 6 of 6 private merges score above the Pretrained row (40.0); the best is DP-Merging + TIES" \
+        " at 55.0." in page
     assert "Privacy ledger" in page and ": PASS." in page
     rst = (tmp_path / "a.rst").read_text()
     assert rst.startswith("Does DP-Merging merge better than naive DP?\n====") and "+5.0 [+2.5, +7.5]*" in rst

@@ -43,7 +43,7 @@ def test_paper_vision_preset_lists_the_papers_dag(tmp_path):
     assert counts["pretrained"] == backbones
     pretrained_rows = backbones * epsilons  # pretrained_head: w0 with its zero-shot heads, nothing trained
     assert counts["finetune"] == (main_groups + sweep_rho + sweep_lambda + pretrained_rows) * tasks
-    assert counts["evaluate_individual"] == main_groups + sweep_rho + sweep_lambda + pretrained_rows
+    assert counts["evaluate_individual"] == main_groups + pretrained_rows  # sweeps are read merged only
     # main groups: every operator and diagnostic; the sensitivity runs: TIES, the tables' operator
     assert counts["merge"] == main_groups * operators + sweep_rho + sweep_lambda  # each scored in its job
     assert "evaluate_merged" not in counts

@@ -117,6 +117,11 @@ def call(argv: list[str], address: Path | None = None, start: bool = True) -> in
         previous = {sig: signal.signal(sig, lambda number, frame: _forward(pid, number)) for sig in FORWARDED_SIGNALS}
         try:
             status = _STATUS.unpack(_receive(connection, _STATUS.size))[0]
+        except (OSError, ConnectionError):
+            # The command was started, so it must not run again here; its own end of the socket closes too,
+            # which kills it (_die_with_client).
+            raise SystemExit(f"error: the fork server at {address} stopped before the command finished; run it "
+                             "again (DPMERGE_FORKSERVER=0 runs it without the server)") from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

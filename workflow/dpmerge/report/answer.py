@@ -72,7 +72,24 @@ def answer_rows(tables: dict[str, pd.DataFrame]) -> tuple[list[list[str]], list[
         if total:
             summary.append(f"{setting}: DP-Merging − DP is above 0 with 95 % confidence under {better} of {total} "
                            f"operators and below 0 under {worse}.")
+        if line := _against_pretrained(setting, table):
+            summary.append(line)
     return rows, summary, seeds
+
+
+def _against_pretrained(setting: str, table: pd.DataFrame) -> str | None:
+    """Whether any private merge beats w0 with DP heads (means over seeds), naming the best one."""
+    pretrained = _row(table, PRETRAINED_ROW)
+    if pretrained is None or pd.isna(pretrained.get(AVERAGE)):
+        return None
+    prefixes = tuple(f"{METHOD_LABELS[m]} + " for m in ("naive_dp", "dp_merging", "dp_sam", "dp_anchor"))
+    merged = table[table["row"].astype(str).str.startswith(prefixes)].dropna(subset=[AVERAGE])
+    if merged.empty:
+        return None
+    best = merged.loc[merged[AVERAGE].idxmax()]
+    beating = int((merged[AVERAGE] > pretrained[AVERAGE]).sum())
+    return (f"{setting}: {beating} of {len(merged)} private merges score above the Pretrained row "
+            f"({pretrained[AVERAGE]:.1f}); the best is {best['row']} at {best[AVERAGE]:.1f}.")
 
 
 def _markdown_table(rows: list[list[str]]) -> list[str]:
