@@ -21,6 +21,7 @@ if not workflow.config_settings.configfiles:
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/captions.smk"
 
 
 # The report opens on the study's answer once the run has written it (rule answer), else on the description.
