@@ -1,5 +1,6 @@
-"""Test-set scores of task models. Rules: evaluate_individual (every task model w0 + tau_t on every task) and
-merge (which scores the merged model it makes on every task; a personalized merge's per-task models each on its own task).
+"""Test-set scores of task models. Rules: evaluate_individual (every task model w0 + tau_t on every task, or
+on its own task only) and merge (which scores the merged model it makes on every task; a personalized merge's
+per-task models each on its own task).
 """
 
 from __future__ import annotations
