@@ -45,3 +45,16 @@ def test_the_verdict_is_the_ledgers():
     assert ledger_verdict("- FAIL: x.safetensors: epsilon above target\n") == "FAIL"
     assert ledger_verdict("- every record ...: PASS\n") == "PASS"
     assert ledger_verdict("# Privacy ledger\n") == "not checked"
+
+
+def test_one_seed_claims_no_confidence(tmp_path):
+    rows = [{"model": "ties", "method": m, "task": "a", "score": 50.0 + g, "seed": 0, "source_task": "merged"}
+            for m, g in (("naive_dp", 0), ("dp_merging", 3))]
+    write_table(table1(pd.DataFrame(rows)), tmp_path / "t1", "caption")
+    ledger = tmp_path / "ledger.md"
+    ledger.write_text("- x: PASS\n")
+    write_answer(tables={"toy": str(tmp_path / "t1.parquet")}, ledger=str(ledger), out_markdown=str(tmp_path / "a.md"),
+                 out_rst=str(tmp_path / "a.rst"), links=[])
+    page = (tmp_path / "a.md").read_text()
+    assert "toy: one seed, so no intervals; DP-Merging − DP is positive under 1 of 1 operators" in page
+    assert "95 % confidence" not in page

@@ -52,7 +52,7 @@ def answer_rows(tables: dict[str, pd.DataFrame]) -> tuple[list[list[str]], list[
     """Table rows, one summary line per setting, and the seed counts behind the cells."""
     rows, summary, seeds = [], [], set()
     for setting, table in tables.items():
-        better = worse = total = 0
+        better = worse = total = positive = intervals = 0
         for operator in operators_in(table):
             cells = [setting, operator, _score(_row(table, PRETRAINED_ROW))]
             dp = _row(table, f"{METHOD_LABELS['naive_dp']} + {operator}")
@@ -65,13 +65,18 @@ def answer_rows(tables: dict[str, pd.DataFrame]) -> tuple[list[list[str]], list[
                     seeds.add(int(row["seeds"]))
                 if method == "dp_merging" and text:
                     total += 1
+                    positive += row[AVERAGE_GAIN] > 0
+                    intervals += low is not None and pd.notna(low)
                     better += low is not None and low > 0
                     worse += high is not None and high < 0
             cells.append(_score(_row(table, f"{METHOD_LABELS['nonprivate']} + {operator}")))
             rows.append(cells)
-        if total:
+        if total and intervals:
             summary.append(f"{setting}: DP-Merging − DP is above 0 with 95 % confidence under {better} of {total} "
                            f"operators and below 0 under {worse}.")
+        elif total:  # one seed: point estimates only, which decide nothing
+            summary.append(f"{setting}: one seed, so no intervals; DP-Merging − DP is positive under {positive} of "
+                           f"{total} operators as a point estimate.")
         if line := _against_pretrained(setting, table):
             summary.append(line)
     return rows, summary, seeds
