@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpmerge.report.labels import AVERAGE, AVERAGE_GAIN, METHOD_LABELS
+from dpmerge.report.labels import AVERAGE, AVERAGE_GAIN, METHOD_LABELS, PRIVATE_MERGED_METHODS
 from dpmerge.report.tables import INTERVAL_NOTE, PRETRAINED_ROW, signed_cell
 
 COMPARED = (("dp_merging", "DP-Merging − DP"), ("dp_sam", "w/o alignment − DP (DP-SAM, no anchor)"),
@@ -87,7 +87,7 @@ def _against_pretrained(setting: str, table: pd.DataFrame) -> str | None:
     pretrained = _row(table, PRETRAINED_ROW)
     if pretrained is None or pd.isna(pretrained.get(AVERAGE)):
         return None
-    prefixes = tuple(f"{METHOD_LABELS[m]} + " for m in ("naive_dp", "dp_merging", "dp_sam", "dp_anchor"))
+    prefixes = tuple(f"{METHOD_LABELS[m]} + " for m in PRIVATE_MERGED_METHODS)
     merged = table[table["row"].astype(str).str.startswith(prefixes)].dropna(subset=[AVERAGE])
     if merged.empty:
         return None

@@ -11,6 +11,8 @@ METHOD_LABELS = {
     "pretrained_head": "Pretrained",
 }
 ABLATIONS = ("dp_sam", "dp_anchor")
+# The private methods whose task vectors are merged (pretrained_head's are zero and never merged)
+PRIVATE_MERGED_METHODS = ("naive_dp", "dp_merging", "dp_sam", "dp_anchor")
 # Table 5's rows: (method, label); dp_sam keeps SAM and drops the anchor, dp_anchor the reverse
 ABLATION_ROWS = (
     ("naive_dp", "DP"),

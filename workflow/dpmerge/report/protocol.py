@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpmerge.report.labels import AVERAGE, METHOD_LABELS
+from dpmerge.report.labels import AVERAGE, METHOD_LABELS, PRIVATE_MERGED_METHODS
 
-PRIVATE_METHODS = ("naive_dp", "dp_merging", "dp_sam", "dp_anchor")
+PRIVATE_METHODS = PRIVATE_MERGED_METHODS  # the candidates are judged on the methods that are merged later
 SETTINGS = ("trainable_blocks", "lr", "epochs", "batch_size")
 
 
