@@ -420,6 +420,11 @@ def answer_tables():
             for b in config["backbones"] for e in PRIVATE_EPS}
 
 
+def protocol_tables():
+    """Candidate (configured backbone) -> its Table 1 Parquet at the protocol's budget."""
+    return {b: TABLE1.format(backbone=b, eps=PRIVATE_EPS[0]) + ".parquet" for b in config["backbones"]}
+
+
 def protocol_candidates():
     """Each configured backbone is one candidate setting of the protocol: its kind, trainable blocks and the
     private methods' fine-tuning settings."""

@@ -264,12 +264,12 @@ rule answer:
 # The training-budget protocol's choice (presets/protocol.yaml): one candidate per configured backbone.
 rule select_budget:
     input:
-        [TABLE1.format(backbone=b, eps=PRIVATE_EPS[0]) + ".parquet" for b in config["backbones"]],
+        list(protocol_tables().values()),
     output:
         markdown=PROTOCOL_CHOICE,
         parquet=PROTOCOL_CHOICE.removesuffix(".md") + ".parquet",
     params:
-        tables=" ".join(f"{b}={TABLE1.format(backbone=b, eps=PRIVATE_EPS[0])}.parquet" for b in config["backbones"]),
+        tables=" ".join(f"{b}={path}" for b, path in protocol_tables().items()),
         candidates=json.dumps(protocol_candidates()),
         seeds=len(SEEDS),
     log:
