@@ -386,3 +386,14 @@ def test_merged_rows_carry_the_normalized_average():
     # the improvement row pairs the normalized averages per seed too: 7.191 and 7.290
     assert table.mean.loc["  improvement (TIES)", NORMALIZED] == pytest.approx(7.24065, abs=1e-4)
     assert table.mean.loc[["DP Individual", "DP-Merging Individual"], NORMALIZED].isna().all()
+
+
+def test_normalized_average_is_blank_where_an_individual_model_scored_zero():
+    """A collapsed individual model (score 0 on a task) leaves merged / individual undefined for that seed:
+    blank, never infinite and never an average over the remaining tasks."""
+    frame = scores()
+    individual = (frame["model"] == "individual") & (frame["method"] == "naive_dp") & (frame["task"] == frame["task"].iloc[0])
+    frame.loc[individual, "score"] = 0.0
+    table = table1(frame)
+    assert np.isnan(table.mean.loc["DP + TIES", NORMALIZED])
+    assert np.isfinite(table.mean.loc["DP-Merging + TIES", NORMALIZED])  # other methods keep theirs

@@ -204,13 +204,16 @@ def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp
 def _with_normalized(merged: pd.DataFrame, individual: pd.DataFrame | None, tasks: list[str]) -> pd.DataFrame:
     """The merging literature's normalized accuracy: per seed, the mean over tasks of 100 x the merged model's
     score / the same method's individual model's score on that task (the individual model of the same seed; one
-    unseeded individual run serves every seed). Blank where the individual run is missing."""
+    unseeded individual run serves every seed). Blank where the individual run is missing, and for a seed whose
+    individual model scored 0 on some task: a ratio to 0 is undefined (0/0) or infinite, and averaging over the
+    other tasks alone would quietly change what the column means."""
     if individual is None:
         return merged
     reference = individual[tasks]
     if len(reference) == 1 and not set(merged.index) & set(reference.index):
         reference = pd.DataFrame([reference.iloc[0]] * len(merged), index=merged.index)
-    ratio = 100.0 * merged[tasks] / reference.reindex(merged.index)
+    reference = reference.reindex(merged.index)
+    ratio = 100.0 * merged[tasks] / reference.where(reference != 0)
     return merged.assign(**{NORMALIZED: ratio.mean(axis=1, skipna=False)})
 
 
