@@ -1,7 +1,8 @@
 """The answer page: DP-Merging - DP per operator with the interval Table 1 computed, read from Table 1's own
-Parquet file, and the ledger's verdict as the ledger wrote it."""
+Parquet file, and the ledger's verdict as its check file says."""
 
 import pandas as pd
+import pytest
 
 from dpmerge.report.answer import ledger_verdict, write_answer
 from dpmerge.report.tables import table1, write_table
@@ -24,8 +25,8 @@ def test_the_page_carries_table_1s_paired_intervals_and_the_ledger_verdict(tmp_p
                     "nonprivate": {"ties": [30, 30, 30], "weight_averaging": [30, 30, 30]},
                     "pretrained_head": {"individual": [-10, -10, -10]}})
     write_table(table1(frame), tmp_path / "t1", "caption")
-    ledger = tmp_path / "ledger.md"
-    ledger.write_text("## Check\n\n- every record complete ...: PASS\n")
+    ledger = tmp_path / "ledger_check.json"
+    ledger.write_text('{"verdict": "PASS", "problems": []}')
     write_answer(tables={"toy, ε = 4": str(tmp_path / "t1.parquet")}, ledger=str(ledger),
                  out_markdown=str(tmp_path / "a.md"), out_rst=str(tmp_path / "a.rst"), links=["t1.html"])
     page = (tmp_path / "a.md").read_text()
@@ -41,18 +42,25 @@ def test_the_page_carries_table_1s_paired_intervals_and_the_ledger_verdict(tmp_p
     assert rst.startswith("Does DP-Merging merge better than naive DP?\n====") and "+5.0 [+2.5, +7.5]*" in rst
 
 
-def test_the_verdict_is_the_ledgers():
-    assert ledger_verdict("- FAIL: x.safetensors: epsilon above target\n") == "FAIL"
-    assert ledger_verdict("- every record ...: PASS\n") == "PASS"
-    assert ledger_verdict("# Privacy ledger\n") == "not checked"
+def test_the_verdict_is_the_ledger_check_files(tmp_path):
+    check = tmp_path / "ledger_check.json"
+    check.write_text('{"verdict": "FAIL", "problems": ["x.safetensors: epsilon above target"]}')
+    assert ledger_verdict(check) == "FAIL"
+    check.write_text('{"verdict": "PASS", "problems": []}')
+    assert ledger_verdict(check) == "PASS"
+    for text, message in (("# Privacy ledger: PASS\n", "not a ledger check file"),
+                          ('{"verdict": "ok"}', "field 'verdict' must be one of PASS, FAIL, got 'ok'")):
+        check.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            ledger_verdict(check)
 
 
 def test_one_seed_claims_no_confidence(tmp_path):
     rows = [{"model": "ties", "method": m, "task": "a", "score": 50.0 + g, "seed": 0, "source_task": "merged"}
             for m, g in (("naive_dp", 0), ("dp_merging", 3))]
     write_table(table1(pd.DataFrame(rows)), tmp_path / "t1", "caption")
-    ledger = tmp_path / "ledger.md"
-    ledger.write_text("- x: PASS\n")
+    ledger = tmp_path / "ledger_check.json"
+    ledger.write_text('{"verdict": "PASS"}')
     write_answer(tables={"toy": str(tmp_path / "t1.parquet")}, ledger=str(ledger), out_markdown=str(tmp_path / "a.md"),
                  out_rst=str(tmp_path / "a.rst"), links=[])
     page = (tmp_path / "a.md").read_text()

@@ -375,6 +375,25 @@ def test_a_head_only_run_trains_the_head_under_dp_and_leaves_w0_alone(toy_backbo
     assert [p.requires_grad for p in toy_backbone.network.parameters()] == trainable_before
 
 
+def test_a_head_only_run_reads_w0s_top_once_and_trains_the_head_it_would_per_step(toy_backbone, toy_data, monkeypatch):
+    """The head-only run applies the frozen top to the training set once; the head it releases is the one the
+    per-step forward (the top at every step) trains from the same key."""
+    import dpmerge.training.finetune as finetune_module
+
+    features, labels = toy_data
+    config = FinetuneConfig(method="pretrained_head", target_epsilon=2.0, epochs=2.0, batch_size=8, lr=1e-2, seed=3)
+    top_calls = []
+    top = toy_backbone.top
+    monkeypatch.setattr(toy_backbone, "top", lambda *x: top_calls.append(len(x[0])) or top(*x))
+    cached = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    assert top_calls == [len(labels)]  # one chunk of 64 examples, not one call per step
+    monkeypatch.setattr(finetune_module, "head_only_inputs", lambda model, inputs, backbone: inputs)
+    per_step = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    assert len(top_calls) > 16  # the 16 steps' forwards, and the logged losses
+    assert cached.record == per_step.record
+    assert all(torch.allclose(cached.head[k], per_step.head[k], atol=1e-6) for k in cached.head)
+
+
 def test_a_head_only_run_with_a_frozen_zero_shot_head_touches_no_data(toy_backbone, toy_data):
     features, labels = toy_data
     head = {name: value.clone() for name, value in TaskModel(toy_backbone, 3).head.state_dict().items()}

@@ -83,6 +83,8 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     assert (ledger["spent_epsilon"].astype(float) <= ledger["target_epsilon"].astype(float)).all()
     assert set(ledger["queries_per_step"]) == {1, 2}
     assert "PASS" in (results / "privacy/ledger.md").read_text()
+    check = json.loads((results / "privacy/ledger_check.json").read_text())
+    assert (check["verdict"], check["problems"], check["releases"]) == ("PASS", [], 14)
     _, meta = load_tensors(results / "taskvectors/effnet/eps4/dp_merging/s0/digits.safetensors")
     assert all(field in meta for field in PRIVACY_FIELDS)
     assert "losses" not in meta  # non-private training statistics never leave the job log

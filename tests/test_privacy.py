@@ -175,6 +175,20 @@ def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in
     assert "spent epsilon 4.2 exceeds target 4.0" in check_ledger(over)[0]
 
 
+def test_the_ledger_check_states_its_verdict_as_data():
+    """What the answer page reads (privacy/ledger_check.json): the verdict and its problems, from the same check."""
+    from dpmerge.privacy.ledger import check_ledger, ledger_check
+
+    honest = ledger(release("a"), release("b"), release("a", method="nonprivate"))
+    passed = ledger_check(honest, check_ledger(honest))
+    assert passed["verdict"] == "PASS" and passed["problems"] == []
+    assert (passed["releases"], passed["private_releases"], passed["statistics"]) == (3, 2, 0)
+    assert -1 < passed["independent_gap_percent"]["min"] <= passed["independent_gap_percent"]["max"] < 1
+    over = ledger(release("a", spent_epsilon=4.2))
+    failed = ledger_check(over, check_ledger(over))
+    assert failed["verdict"] == "FAIL" and "spent epsilon 4.2 exceeds target 4.0" in failed["problems"][0]
+
+
 def test_ledger_recomputes_epsilon_from_each_record_and_refuses_unkeyed_randomness():
     from dpmerge.privacy.ledger import check_ledger
 

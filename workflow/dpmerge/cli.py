@@ -196,7 +196,7 @@ def cmd_plot_landscape(args) -> None:
 
 def cmd_ledger(args) -> None:
     ledger.ledger(task_vectors=args.task_vectors, out=args.out, report=args.report, statistics=args.statistics,
-                  statistics_out=args.statistics_out)
+                  statistics_out=args.statistics_out, check_out=args.check_out)
 
 
 def cmd_answer(args) -> None:

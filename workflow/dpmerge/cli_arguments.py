@@ -272,12 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", required=True, help="ledger check report .md")
     p.add_argument("--statistics", nargs="*", help="merge statistics files (from 'dpmerge statistics')")
     p.add_argument("--statistics-out", help="per-task ledger of merge statistics .parquet")
+    p.add_argument("--check-out", help="the check's verdict .json (verdict PASS/FAIL, problems, counts)")
 
     p = add("answer", "The study's answer on one page (DP-Merging - DP per backbone and operator, the ablation, "
                       "the ledger's verdict) as Markdown and as the report's front page (.rst).")
     p.add_argument("--table1", nargs="+", required=True, metavar="SETTING=PARQUET",
                    help="Table 1 files, each named by its setting, e.g. 'effnet, eps = 4=results/tables/t.parquet'")
-    p.add_argument("--ledger", required=True, help="the privacy ledger's report .md")
+    p.add_argument("--ledger", required=True, help="the privacy ledger's verdict .json ('dpmerge ledger --check-out')")
     p.add_argument("--link", nargs="*", default=[], help="files the page points to")
     p.add_argument("--description", help="reStructuredText appended to the report's front page")
     p.add_argument("--out-markdown", required=True, help="answer .md")

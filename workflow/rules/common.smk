@@ -213,6 +213,7 @@ FIGURE_LANDSCAPE = result("figures/landscape_{backbone}_{eps}")
 LEDGER_TABLE = result("privacy/ledger.parquet")
 LEDGER_STATISTICS = result("privacy/merge_statistics.parquet")
 LEDGER_REPORT = result("privacy/ledger.md")
+LEDGER_CHECK = result("privacy/ledger_check.json")  # the check's verdict as data (what the answer page reads)
 TABLE_EXTENSIONS = (".parquet", ".md", ".tex", ".html")
 FIGURE_EXTENSIONS = (".png", ".pdf")
 SWEEPS = config["sweeps"]

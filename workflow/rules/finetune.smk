@@ -108,6 +108,7 @@ rule privacy_ledger:
         statistics=LEDGER_STATISTICS,
         report=report(LEDGER_REPORT, caption="../report/privacy_ledger.rst", category="Privacy",
                       labels={"file": "ledger"}),
+        check=LEDGER_CHECK,
     log:
         result("logs/privacy_ledger.log"),
     threads: 1
@@ -116,4 +117,4 @@ rule privacy_ledger:
         runtime="10m",
     shell:
         "dpmerge ledger {input.vectors} --statistics {input.statistics} --out {output.table} "
-        "--statistics-out {output.statistics} --report {output.report} > {log} 2>&1"
+        "--statistics-out {output.statistics} --report {output.report} --check-out {output.check} > {log} 2>&1"

@@ -242,7 +242,7 @@ rule figure_landscape:
 rule answer:
     input:
         tables=list(answer_tables().values()),
-        ledger=LEDGER_REPORT,
+        ledger=LEDGER_CHECK,
     output:
         markdown=ANSWER,
         rst=ANSWER_RST,

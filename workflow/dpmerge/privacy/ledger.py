@@ -210,6 +210,23 @@ RELATIONS = {"add_remove": "add/remove one example, with the dataset size N trea
              "replace_one": "replace one example by another (sensitivity 2C)"}
 
 
+CHECK_VERDICTS = ("PASS", "FAIL")
+
+
+def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None) -> dict:
+    """The check's outcome as data (privacy/ledger_check.json): what the answer page and other tools read instead
+    of parsing the Markdown report. `independent_gap_percent` is the independent accountant's epsilon relative to
+    each private record's claimed one (min and max, %), None when no record is private."""
+    private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
+    gap = None
+    if len(private):
+        relative = (private["independent_epsilon"] / private["spent_epsilon"].map(epsilon_value) - 1) * 100
+        gap = {"min": float(relative.min()), "max": float(relative.max())}
+    return {"verdict": "FAIL" if problems else "PASS", "problems": list(problems), "releases": int(len(ledger)),
+            "private_releases": int(len(private)),
+            "statistics": 0 if statistics is None else int(len(statistics)), "independent_gap_percent": gap}
+
+
 def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None) -> str:
     relations = sorted(set(ledger.get("neighbouring", pd.Series(dtype=str)).dropna()))
     lines = ["# Privacy ledger", "", f"{len(ledger)} released task vectors.", "",

@@ -42,10 +42,19 @@ def operators_in(table: pd.DataFrame) -> list[str]:
     return [row[len(prefix):] for row in table["row"] if str(row).startswith(prefix)]
 
 
-def ledger_verdict(ledger_markdown: str) -> str:
-    if "- FAIL:" in ledger_markdown:
-        return "FAIL"
-    return "PASS" if ": PASS" in ledger_markdown else "not checked"
+def ledger_verdict(check_path: str | Path) -> str:
+    """PASS or FAIL, as the ledger's check file (privacy/ledger_check.json) says; anything else is refused."""
+    import json
+
+    from dpmerge.privacy.ledger import CHECK_VERDICTS
+
+    try:
+        verdict = json.loads(Path(check_path).read_text()).get("verdict")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ValueError(f"{check_path}: not a ledger check file ('dpmerge ledger --check-out'): {error}") from None
+    if verdict not in CHECK_VERDICTS:
+        raise ValueError(f"{check_path}: field 'verdict' must be one of {', '.join(CHECK_VERDICTS)}, got {verdict!r}")
+    return verdict
 
 
 def answer_rows(tables: dict[str, pd.DataFrame]) -> tuple[list[list[str]], list[str], set[int]]:
@@ -112,12 +121,13 @@ def _rst_table(rows: list[list[str]]) -> list[str]:
 
 def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: str, links: list[str],
                  description: str | None = None) -> None:
-    """`tables` maps a setting's label (e.g. 'effnet, ε = 4') to its Table 1 Parquet file."""
+    """`tables` maps a setting's label (e.g. 'effnet, ε = 4') to its Table 1 Parquet file; `ledger` is the
+    ledger's check file (JSON)."""
     from dpmerge.artifacts import atomic_write
 
     frames = {setting: pd.read_parquet(path) for setting, path in tables.items()}
     rows, summary, seeds = answer_rows(frames)
-    verdict = ledger_verdict(Path(ledger).read_text())
+    verdict = ledger_verdict(ledger)
     counts = ", ".join(str(n) for n in sorted(seeds)) or "?"
     title = "Does DP-Merging merge better than naive DP?"
     intro = (f"Average test score (0-100) of the merged model over the tasks; {counts} seed(s) per cell. "

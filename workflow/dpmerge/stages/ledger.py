@@ -10,15 +10,18 @@ from dpmerge.stages.common import log
 
 
 def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[str] | None = None,
-           statistics_out: str | None = None) -> None:
-    """Write the ledger (and the statistics' ledger) and the report, then fail if any check failed: the report
-    is written either way, so a failed check can be read."""
+           statistics_out: str | None = None, check_out: str | None = None) -> None:
+    """Write the ledger (and the statistics' ledger), the report and the check's verdict (`check_out`, JSON),
+    then fail if any check failed: report and verdict are written either way, so a failed check can be read."""
+    import json
+
     from dpmerge.artifacts import atomic_write
     from dpmerge.privacy.ledger import (
         build_ledger,
         build_statistics_ledger,
         check_ledger,
         check_statistics,
+        ledger_check,
         ledger_report,
     )
 
@@ -29,6 +32,9 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     if statistics_out:
         atomic_write(statistics_out, lambda tmp: statistics_table.to_parquet(tmp, index=False))
     atomic_write(report, lambda tmp: Path(tmp).write_text(ledger_report(table, problems, statistics_table)))
+    if check_out:
+        verdict = ledger_check(table, problems, statistics_table)
+        atomic_write(check_out, lambda tmp: Path(tmp).write_text(json.dumps(verdict, indent=1) + "\n"))
     if problems:
         raise ValueError("privacy ledger check failed:\n  " + "\n  ".join(problems))
     log(f"[ledger] {len(table)} released task vectors, all within budget")

@@ -132,6 +132,24 @@ class TrainingResult:
     losses: list[float]  # non-private training losses (local diagnostics; never released)
 
 
+def head_only_inputs(model: TaskModel, features: tuple[torch.Tensor, ...], backbone: Backbone,
+                     chunk: int = 256) -> tuple[torch.Tensor, ...]:
+    """A head-only run's training inputs: w0's top applied once to every training example (in chunks, under the
+    forward's precision) instead of at every step and query; `model` then runs its head alone on them. The top is
+    frozen and dropout is off, so each example's pooled features are a fixed function of the example: the head's
+    per-example gradients, clipping and noise are those of the per-step forward (up to float rounding)."""
+    count = int(features[0].shape[0])
+    with torch.no_grad(), backbone.autocast():
+        pooled = [model._top(*(f[start:start + chunk].to(backbone.device) for f in features)).to("cpu")
+                  for start in range(0, count, chunk)]
+    model._top = _already_pooled
+    return (torch.cat(pooled),)
+
+
+def _already_pooled(pooled: torch.Tensor) -> torch.Tensor:
+    return pooled
+
+
 def finetune_identity(config: FinetuneConfig, identity: dict, pretrained_sha256: str) -> dict:
     """Everything that makes a fine-tune this mechanism and no other: the caller's names (backbone, task, method
     label), the pretrained weights and every setting (target epsilon, seed index, sweep values, lr, ...). Two
@@ -285,6 +303,9 @@ def finetune(
             first_step = state["step"]
             steps_by_queries.update(state["steps_by_queries"])
             log(f"[finetune] resumed from {checkpoint} at step {first_step}/{steps}")
+
+    if method.head_only and trains:
+        train_features = head_only_inputs(model, train_features, backbone)
 
     try:
         query = private_query if method.private else nonprivate_gradient
