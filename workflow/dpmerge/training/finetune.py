@@ -305,7 +305,9 @@ def finetune(
             log(f"[finetune] resumed from {checkpoint} at step {first_step}/{steps}")
 
     if method.head_only and trains:
+        pooling_started = time.perf_counter()
         train_features = head_only_inputs(model, train_features, backbone)
+        log(compute_line("w0's top on the training set", time.perf_counter() - pooling_started))
 
     try:
         query = private_query if method.private else nonprivate_gradient
