@@ -42,6 +42,13 @@ def test_the_page_carries_table_1s_paired_intervals_and_the_ledger_verdict(tmp_p
     assert rst.startswith("Does DP-Merging merge better than naive DP?\n====") and "+5.0 [+2.5, +7.5]*" in rst
 
 
+def test_the_page_knows_every_verdict_the_ledger_writes():
+    from dpmerge.privacy.ledger import CHECK_VERDICTS
+    from dpmerge.report.answer import LEDGER_VERDICTS
+
+    assert LEDGER_VERDICTS == CHECK_VERDICTS
+
+
 def test_the_verdict_is_the_ledger_check_files(tmp_path):
     check = tmp_path / "ledger_check.json"
     check.write_text('{"verdict": "FAIL", "problems": ["x.safetensors: epsilon above target"]}')

@@ -42,18 +42,21 @@ def operators_in(table: pd.DataFrame) -> list[str]:
     return [row[len(prefix):] for row in table["row"] if str(row).startswith(prefix)]
 
 
+# The verdicts privacy/ledger.ledger_check writes (report may not import privacy; tests/test_answer.py holds the
+# two spellings together).
+LEDGER_VERDICTS = ("PASS", "FAIL")
+
+
 def ledger_verdict(check_path: str | Path) -> str:
     """PASS or FAIL, as the ledger's check file (privacy/ledger_check.json) says; anything else is refused."""
     import json
-
-    from dpmerge.privacy.ledger import CHECK_VERDICTS
 
     try:
         verdict = json.loads(Path(check_path).read_text()).get("verdict")
     except (OSError, ValueError, AttributeError) as error:
         raise ValueError(f"{check_path}: not a ledger check file ('dpmerge ledger --check-out'): {error}") from None
-    if verdict not in CHECK_VERDICTS:
-        raise ValueError(f"{check_path}: field 'verdict' must be one of {', '.join(CHECK_VERDICTS)}, got {verdict!r}")
+    if verdict not in LEDGER_VERDICTS:
+        raise ValueError(f"{check_path}: field 'verdict' must be one of {', '.join(LEDGER_VERDICTS)}, got {verdict!r}")
     return verdict
 
 
