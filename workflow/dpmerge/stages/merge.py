@@ -19,7 +19,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors. The output's
     metadata records the inputs, the hyperparameters and the (epsilon, delta) the model is released at.
     """
-    from dpmerge.artifacts import LazySafetensors, file_tensors_sha256, write_tensors_streaming
+    from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256, write_tensors_streaming
     from dpmerge.merge.registry import (
         NEEDS_STATISTICS,
         OPERATORS,
@@ -34,7 +34,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     from dpmerge.privacy.release import check_release_group, checked_release_records, merged_release_budget
 
     params = params or {}
-    w0 = LazySafetensors(base)
+    w0 = SafetensorsFile(base)
     metas = checked_release_records(task_vectors)
     check_release_group(metas)
     if metas[0]["pretrained_sha256"] != w0.metadata.get("pretrained_sha256"):
@@ -101,10 +101,10 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
 def statistics_source_of(path: str, kind: str, metas: list[dict], vector_paths: list[str]):
     """The per-task statistics of a `dpmerge statistics` file, checked against the vectors being merged, and the
     file's metadata."""
-    from dpmerge.artifacts import LazySafetensors, file_tensors_sha256
+    from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256
     from dpmerge.merge.sources import StatisticsSource
 
-    file = LazySafetensors(path)
+    file = SafetensorsFile(path)
     meta = file.metadata
     if meta.get("artifact") != "merge_statistics" or meta.get("kind") != kind:
         raise ValueError(f"{path} is not a {kind} statistics file (from 'dpmerge statistics --kind {kind}')")
