@@ -238,7 +238,7 @@ def save_released(path: str | Path, tensors: dict[str, torch.Tensor], record: di
 def _update_digest(digest, key: str, value: torch.Tensor) -> None:
     value = value.detach().contiguous().cpu()
     digest.update(f"{key}|{value.dtype}|{tuple(value.shape)}|".encode())
-    digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    digest.update(value.view(torch.uint8).numpy() if value.numel() else b"")  # the buffer itself, no copy
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
@@ -261,6 +261,7 @@ def file_tensors_sha256(path: str | Path, *, finite: bool = False) -> str:
             raise SafetensorsFileError(f"{file.path}: tensor {key!r} contains NaN or Inf")
         _update_digest(digest, key, value)
         del value
+        release_freed_memory()  # as the writer does: a hash pass must not leave the merge a fuller heap
     return digest.hexdigest()
 
 
