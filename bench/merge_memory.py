@@ -86,7 +86,7 @@ def write_inputs(workdir: Path, tasks: int) -> int:
     sys.path.insert(0, str(HERE.parent / "workflow"))
     import torch
 
-    from dpmerge.artifacts import PRIVACY_FIELDS, save_released, save_tensors
+    from dpmerge.artifacts import PRIVACY_FIELDS, save_released, save_tensors, tensors_sha256
     from dpmerge.models.reference_shapes import vit_b32_shaped
 
     model, _ = vit_b32_shaped()
@@ -95,11 +95,12 @@ def write_inputs(workdir: Path, tasks: int) -> int:
     numel = sum(s.numel() for s in shapes.values())
     workdir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
-    save_tensors(workdir / "w0.safetensors", {k: torch.randn(s, generator=generator) for k, s in shapes.items()},
-                 {"pretrained_sha256": "bench"})
+    w0 = {k: torch.randn(s, generator=generator) for k, s in shapes.items()}
+    save_tensors(workdir / "w0.safetensors", w0, {"pretrained_sha256": "bench"})
     record = {field: 0 for field in PRIVACY_FIELDS}
     record.update(method="naive_dp", target_epsilon=4.0, spent_epsilon=3.99, delta=1e-5, seed=0,
-                  pretrained_sha256="bench", accountant="rdp", sampling="poisson")
+                  pretrained_sha256="bench", accountant="rdp", sampling="poisson", w0_sha256=tensors_sha256(w0))
+    del w0
     for i in range(tasks):
         vector = {k: 1e-3 * torch.randn(s, generator=generator) for k, s in shapes.items()}
         save_released(workdir / f"tv{i}.safetensors", vector, record, {"backbone": "vit_b32", "task": f"t{i}"})

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
+from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors, tensors_sha256
 from dpmerge.cli import build_parser, main
 
 COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)
@@ -48,18 +48,22 @@ def test_sweep_labels_round_trip():
     assert parse_label(sweep_label("dp_anchor", "anchor_lambda", 1e-5)) == ("dp_anchor", {"anchor_lambda": 1e-5})
 
 
+def w0():
+    return {"w": torch.tensor([1.0, 1.0, 1.0]), "b": torch.tensor([0.5])}
+
+
 def record(**overrides):
     base = {field: 0 for field in PRIVACY_FIELDS}
     base.update(method="naive_dp", target_epsilon=4.0, spent_epsilon=3.9, delta=1e-3, seed=0,
-                pretrained_sha256="abc", accountant="rdp", sampling="poisson")
+                pretrained_sha256="abc", accountant="rdp", sampling="poisson", w0_sha256=tensors_sha256(w0()))
     base.update(overrides)
     return base
 
 
 @pytest.fixture
 def released(tmp_path):
-    base = {"w": torch.tensor([1.0, 1.0, 1.0]), "b": torch.tensor([0.5])}
-    save_tensors(tmp_path / "w0.safetensors", base, {"pretrained_sha256": "abc"})
+    base = w0()
+    save_tensors(tmp_path / "w0.safetensors", base, {"pretrained_sha256": "abc", "w0_sha256": tensors_sha256(base)})
     vectors = [{"w": torch.tensor([1.0, -2.0, 0.0]), "b": torch.tensor([1.0])},
                {"w": torch.tensor([3.0, 2.0, 1.0]), "b": torch.tensor([-1.0])}]
     paths = []
@@ -156,3 +160,77 @@ def test_released_artifact_without_record_is_never_written(tmp_path):
         save_released(tmp_path / "tv.safetensors", {"w": torch.zeros(1)}, incomplete)
     assert not (tmp_path / "tv.safetensors").exists()
     assert list(tmp_path.iterdir()) == []  # no temporary left behind either
+
+
+def merge_with_base(folder, base, paths, out):
+    return ["merge", "--method", "task_arithmetic", "--base", str(base), "-o", str(out), *paths]
+
+
+def forged_base(folder, tensors, metadata=None):
+    """A w0 with the metadata of the real one (or `metadata`) and other tensors."""
+    path = folder / "forged.safetensors"
+    save_tensors(path, tensors, {"pretrained_sha256": "abc"} if metadata is None else metadata)
+    return path
+
+
+@pytest.mark.parametrize("make_base,message", [
+    # the label the old check compared is right, the weights are not
+    (lambda folder: forged_base(folder, {"w": torch.ones(3), "b": torch.ones(1)}), "is not the w0"),
+    # and with the real w0's own content hash copied too: the file's tensors are hashed, not its labels
+    (lambda folder: forged_base(folder, {"w": torch.ones(3), "b": torch.ones(1)},
+                                {"pretrained_sha256": "abc", "w0_sha256": tensors_sha256(w0())}),
+     "the file changed since 'dpmerge pretrained' wrote it"),
+    (lambda folder: forged_base(folder, {"w": torch.tensor([1.0, float("nan"), 1.0]), "b": torch.tensor([0.5])}),
+     "tensor 'w' contains NaN or Inf"),
+    (lambda folder: forged_base(folder, {"w": torch.tensor([1.0, 1.0, float("inf")]), "b": torch.tensor([0.5])}),
+     "tensor 'w' contains NaN or Inf"),
+    (lambda folder: forged_base(folder, w0(), {"pretrained_sha256": "def"}), "records 'def'"),
+    (lambda folder: forged_base(folder, w0(), {}), "records None"),
+    (lambda folder: cut(folder / "w0.safetensors", 100), "not a valid safetensors file"),
+    (lambda folder: cut(folder / "w0.safetensors", 5), "header too small"),
+])
+def test_a_base_that_is_not_the_vectors_w0_is_refused_naming_it(released, make_base, message):
+    folder, _, _, paths = released
+    base = make_base(folder)
+    out = folder / "m.safetensors"
+    with pytest.raises(SystemExit, match=re.escape(message)) as error:
+        main(merge_with_base(folder, base, paths, out))
+    assert str(base) in str(error.value) and str(error.value).startswith("error: ")
+    assert list(folder.glob("m.safetensors*")) == []
+
+
+def cut(path, size):
+    """A copy of `path` cut after `size` bytes, as `head -c` makes one."""
+    copy = path.with_name(f"cut{size}.safetensors")
+    copy.write_bytes(path.read_bytes()[:size])
+    return copy
+
+
+def test_the_real_w0_merges_and_is_recorded_as_an_input(released):
+    folder, base, _, paths = released
+    main(merge_with_base(folder, folder / "w0.safetensors", paths, folder / "m.safetensors"))
+    _, meta = load_tensors(folder / "m.safetensors")
+    assert meta["base"] == {"path": str(folder / "w0.safetensors"), "sha256": tensors_sha256(base)}
+
+
+def test_a_vector_that_records_no_w0_hash_is_refused(released):
+    folder, _, _, paths = released
+    older = folder / "older.safetensors"
+    unrecorded = record()
+    del unrecorded["w0_sha256"]
+    save_released(older, {"w": torch.zeros(3), "b": torch.zeros(1)}, unrecorded, {"backbone": "toy", "task": "old"})
+    with pytest.raises(SystemExit, match=f"{re.escape(str(older))} records no w0_sha256"):
+        main(merge_with_base(folder, folder / "w0.safetensors", [paths[0], str(older)], folder / "m.safetensors"))
+
+
+def test_a_corrupt_input_is_an_error_naming_it_not_a_traceback(released):
+    folder, _, _, paths = released
+    for corrupt in (cut(folder / "w0.safetensors", 100), cut(folder / "w0.safetensors", 2)):
+        for argv in (merge_with_base(folder, corrupt, paths, folder / "m.safetensors"),
+                     merge_with_base(folder, folder / "w0.safetensors", [paths[0], str(corrupt)],
+                                     folder / "m.safetensors")):
+            result = run_cli(*argv)
+            assert result.returncode == 1, result.stderr
+            assert result.stderr.startswith(f"error: {corrupt}: not a valid safetensors file"), result.stderr
+            assert "Traceback" not in result.stderr
+            assert list(folder.glob("m.safetensors*")) == []

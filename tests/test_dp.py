@@ -7,10 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import keyed
+from conftest import ToyBackbone, keyed
+from dpmerge.artifacts import file_tensors_sha256, read_metadata, tensors_sha256
 from dpmerge.models.base import TaskModel
 from dpmerge.models.registry import load_backbone
 from dpmerge.privacy.randomness import GeneratorStream
+from dpmerge.stages.prepare import pretrained
 from dpmerge.training.dp_step import (
     STEPS,
     add_anchor,
@@ -403,3 +405,18 @@ def test_a_head_only_run_with_a_frozen_zero_shot_head_touches_no_data(toy_backbo
     assert result.record["steps_by_queries"] == {} and result.record["spent_epsilon"] == 0.0
     assert all(torch.equal(result.head[k], head[k]) for k in head)
     assert all(torch.count_nonzero(v) == 0 for v in result.task_vector.values())
+
+
+def test_the_w0_a_fine_tune_records_is_the_one_rule_pretrained_writes(tmp_path, toy_data, monkeypatch):
+    """The merge checks its base against the w0_sha256 every vector records; that must be the hash of the file
+    rule `pretrained` writes (built in another process, from the same checkpoint), not of anything else."""
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: ToyBackbone(tmp_path / "toy.bin"))
+    pretrained(backbone="toy", backbone_spec={"kind": "toy"}, out=str(tmp_path / "w0.safetensors"))
+    features, labels = toy_data
+    config = FinetuneConfig(method="nonprivate", target_epsilon=None, epochs=1.0, batch_size=8, lr=1e-2)
+    backbone = ToyBackbone(tmp_path / "toy.bin")
+    w0 = backbone.top_state()
+    result = finetune(backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    recorded, written = result.record["w0_sha256"], tmp_path / "w0.safetensors"
+    assert recorded == file_tensors_sha256(written) == read_metadata(written)["w0_sha256"] == tensors_sha256(w0)
+    assert recorded != tensors_sha256({k: w0[k] + result.task_vector[k] for k in w0})  # not the fine-tuned weights

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpmerge import forkserver
-from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
+from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors, tensors_sha256
 from dpmerge.cli import main
 
 
@@ -50,10 +50,11 @@ def server(tmp_path):
 
 @pytest.fixture
 def vectors(tmp_path):
-    save_tensors(tmp_path / "w0.safetensors", {"w": torch.ones(64, 64)}, {"pretrained_sha256": "abc"})
+    base = {"w": torch.ones(64, 64)}
+    save_tensors(tmp_path / "w0.safetensors", base, {"pretrained_sha256": "abc"})
     record = {field: 0 for field in PRIVACY_FIELDS}
     record.update(method="naive_dp", target_epsilon=4.0, spent_epsilon=3.9, delta=1e-3, seed=0,
-                  pretrained_sha256="abc", accountant="rdp", sampling="poisson")
+                  pretrained_sha256="abc", accountant="rdp", sampling="poisson", w0_sha256=tensors_sha256(base))
     paths = []
     for index in range(2):
         path = tmp_path / f"tv{index}.safetensors"

@@ -1,7 +1,10 @@
 """Every file format dpmerge reads and writes: prepared tasks, task vectors, heads, pretrained tops, merged models.
 
 Prepared tasks (`dpmerge prepare`) are torch files of cached trunk features, labels and the task's metadata:
-`save_prepared` defines the format, `load_prepared` reads it memory-mapped. Tensors are safetensors.
+`save_prepared` defines the format, `load_prepared` reads it memory-mapped. Tensors are safetensors, read
+through the safetensors library, which checks every header; a bad file is a SafetensorsFileError (a
+ValueError) naming the file and what is wrong. The streamed merge writer is our own, to hold one tensor at a
+time, and has the library check what it wrote before the file is renamed into place.
 
 Files are written atomically (temporary file in the same folder, then rename), so a killed job never leaves
 a truncated file behind. Metadata is a flat str -> str mapping (the safetensors format); we store every field
@@ -20,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dpmerge.runtime import release_freed_memory
@@ -69,20 +72,65 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: d
     atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=encoded))
 
 
+class SafetensorsFileError(ValueError):
+    """A file that is not a valid safetensors file, or not one dpmerge can read; the message names the file and
+    what is wrong. A ValueError, so the command line reports it as `error: ...` (cli.py)."""
+
+
+# The library's messages all start with this; the file's name is more use to a reader in its place.
+_LIBRARY_PREFIX = "Error while deserializing header: "
+
+
+def _library_error(path: Path, error: Exception, doing: str = "") -> SafetensorsFileError:
+    reason = str(error).removeprefix(_LIBRARY_PREFIX)
+    return SafetensorsFileError(f"{path}: not a valid safetensors file{doing} ({reason})")
+
+
+def _open(path: str | Path):
+    """The safetensors library's reader of `path`, which has checked the header: its declared size (at most
+    100 MB), JSON, every dtype and shape, and offsets that are contiguous, in range and cover the file exactly.
+
+    The `pread` backend reads each tensor into memory of its own when asked, and refuses a short read. The
+    default memory map would keep every tensor ever read resident until the file is closed: a streamed merge
+    of 8 ViT-B/32 vectors would then hold 8 models instead of one tensor per task (README "Speed > Merging").
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such safetensors file: {path}")
+    try:
+        return safe_open(str(path), framework="pt", backend="pread")
+    except (SafetensorError, OSError) as error:
+        raise _library_error(path, error) from None
+
+
+def _decode_metadata(path: Path, raw: dict | None) -> dict:
+    decoded = {}
+    for key, value in (raw or {}).items():
+        try:
+            decoded[key] = json.loads(value)
+        except ValueError:
+            raise SafetensorsFileError(f"{path}: metadata field {key!r} is not JSON (dpmerge stores every field as "
+                                       f"JSON): {value[:80]!r}") from None
+    return decoded
+
+
+def _read(handle, path: Path, key: str) -> torch.Tensor:
+    try:
+        return handle.get_tensor(key)
+    except (SafetensorError, OSError) as error:  # a short read: the file changed since it was opened
+        raise _library_error(path, error, f" while reading tensor {key!r}") from None
+
+
 def read_metadata(path: str | Path) -> dict:
-    with safe_open(str(path), framework="pt") as handle:
-        raw = handle.metadata() or {}
-    return {key: json.loads(value) for key, value in raw.items()}
+    path = Path(path)
+    return _decode_metadata(path, _open(path).metadata())
 
 
 def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such safetensors file: {path}")
-    with safe_open(str(path), framework="pt") as handle:
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-        raw = handle.metadata() or {}
-    return tensors, {key: json.loads(value) for key, value in raw.items()}
+    handle = _open(path)
+    metadata = _decode_metadata(path, handle.metadata())
+    return {key: _read(handle, path, key) for key in handle.keys()}, metadata
 
 
 _DTYPES = {
@@ -93,49 +141,39 @@ _DTYPES = {
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
-class LazySafetensors:
-    """A safetensors file read one tensor at a time with plain reads.
-
-    Unlike safe_open (which memory-maps the file, so every tensor ever touched stays in the process's resident
-    set until the file is closed), only the tensors currently referenced occupy memory.
-    """
+class SafetensorsFile:
+    """A safetensors file read one tensor at a time through the safetensors library (`_open`): the header is
+    checked when the file is opened, every read is complete, and only the tensors still referenced occupy
+    memory. Errors name the file (SafetensorsFileError)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"no such safetensors file: {self.path}")
-        with open(self.path, "rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            try:
-                header = json.loads(handle.read(size))
-            except (ValueError, UnicodeDecodeError) as error:
-                raise ValueError(f"{self.path} is not a safetensors file ({error})") from None
-        self._data_start = 8 + size
-        self.metadata = {key: json.loads(value) for key, value in (header.pop("__metadata__", None) or {}).items()}
-        self._entries = header
+        self._handle = _open(self.path)
+        self.metadata = _decode_metadata(self.path, self._handle.metadata())
+        self._entries = {}
+        for key in sorted(self._handle.keys()):
+            view = self._handle.get_slice(key)  # the header's entry; reads no data
+            name = view.get_dtype()
+            if name not in _DTYPES:
+                raise SafetensorsFileError(f"{self.path}: tensor {key!r} has dtype {name}, which dpmerge does not "
+                                           f"read (expected one of {', '.join(_DTYPES)})")
+            self._entries[key] = (_DTYPES[name], tuple(view.get_shape()))
 
     def keys(self) -> list[str]:
-        return sorted(self._entries)
+        return list(self._entries)
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._entries[key]["shape"])
+        return self._entries[key][1]
 
     def dtype(self, key: str) -> torch.dtype:
-        return _DTYPES[self._entries[key]["dtype"]]
+        return self._entries[key][0]
 
     def structure(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """name -> (shape, dtype name), as merging.check_same_structure compares them."""
         return {key: (self.shape(key), str(self.dtype(key))) for key in self.keys()}
 
     def get_tensor(self, key: str) -> torch.Tensor:
-        begin, end = self._entries[key]["data_offsets"]
-        buffer = bytearray(end - begin)
-        with open(self.path, "rb") as handle:
-            handle.seek(self._data_start + begin)
-            handle.readinto(buffer)
-        if not buffer:
-            return torch.empty(self.shape(key), dtype=self.dtype(key))
-        return torch.frombuffer(buffer, dtype=self.dtype(key)).reshape(self.shape(key))
+        return _read(self._handle, self.path, key)
 
 
 def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]],
@@ -163,7 +201,9 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
             handle.write(encoded)
             produced = iter(tensors)
             for name in names:
-                key, value = next(produced)
+                key, value = next(produced, (None, None))
+                if key is None:
+                    raise ValueError(f"{path}: the merge produced no tensor {name!r} (expected {len(names)} tensors)")
                 if key != name or value.dtype != layout[name][0] or tuple(value.shape) != tuple(layout[name][1]):
                     raise ValueError(f"expected tensor {name!r} {layout[name]}, got {key!r} "
                                      f"({value.dtype}, {tuple(value.shape)})")
@@ -172,6 +212,13 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
                     handle.write(value.reshape(-1).view(torch.uint8).numpy())
                 del key, value
                 release_freed_memory()  # the tensor's temporaries are gone; don't let the heap keep them
+            if next(produced, None) is not None:
+                raise ValueError(f"{path}: the merge produced more tensors than the {len(names)} of its layout")
+        # This writer is ours (the library's needs every tensor in memory at once), so the library checks its
+        # header and coverage before the file is renamed into place: what it writes, the library reads.
+        written = _open(tmp)
+        if sorted(written.keys()) != sorted(names):
+            raise ValueError(f"{path}: the written header lists other tensors than the layout")
 
     atomic_write(path, write)
 
@@ -191,7 +238,7 @@ def save_released(path: str | Path, tensors: dict[str, torch.Tensor], record: di
 def _update_digest(digest, key: str, value: torch.Tensor) -> None:
     value = value.detach().contiguous().cpu()
     digest.update(f"{key}|{value.dtype}|{tuple(value.shape)}|".encode())
-    digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    digest.update(value.view(torch.uint8).numpy() if value.numel() else b"")  # the buffer itself, no copy
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
@@ -202,12 +249,19 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def file_tensors_sha256(path: str | Path) -> str:
-    """tensors_sha256 of a safetensors file's tensors, read one tensor at a time (for streaming merges)."""
+def file_tensors_sha256(path: str | Path, *, finite: bool = False) -> str:
+    """tensors_sha256 of a safetensors file's tensors, read one tensor at a time (for streaming merges).
+
+    With `finite`, a floating-point tensor holding NaN or Inf is refused (the pass reads every byte anyway)."""
     digest = hashlib.sha256()
-    lazy = LazySafetensors(path)
-    for key in lazy.keys():
-        _update_digest(digest, key, lazy.get_tensor(key))
+    file = SafetensorsFile(path)
+    for key in file.keys():
+        value = file.get_tensor(key)
+        if finite and value.is_floating_point() and not torch.isfinite(value).all():
+            raise SafetensorsFileError(f"{file.path}: tensor {key!r} contains NaN or Inf")
+        _update_digest(digest, key, value)
+        del value
+        release_freed_memory()  # as the writer does: a hash pass must not leave the merge a fuller heap
     return digest.hexdigest()
 
 

@@ -49,7 +49,7 @@ class StatisticsSource:
     """Per-task statistics keyed like the task vectors' tensors (a subset of them), read one key at a time."""
 
     def __init__(self, per_task: list, names: list[str] | None = None):
-        self.per_task = per_task  # one mapping key -> tensor per task (dicts or LazySafetensors views)
+        self.per_task = per_task  # one mapping key -> tensor per task (dicts or artifacts.SafetensorsFile views)
         self.names = names or [f"statistics of task {i}" for i in range(len(per_task))]
         keys = [set(_keys_of(stats)) for stats in per_task]
         for name, other in zip(self.names[1:], keys[1:]):
@@ -95,17 +95,18 @@ class InMemorySource(VectorSource):
 
 
 class SafetensorsSource(VectorSource):
-    """Task vectors in safetensors files, read lazily: a tensor is read from disk only when asked for, and
-    memory holds only the tensors still referenced (no memory map keeps earlier ones resident)."""
+    """Task vectors in safetensors files, read lazily through the safetensors library (artifacts.SafetensorsFile:
+    headers checked on opening, complete reads): a tensor is read from disk only when asked for, and memory holds
+    only the tensors still referenced (no memory map keeps earlier ones resident)."""
 
     def __init__(self, paths: list[str | Path], statistics: StatisticsSource | None = None):
-        from dpmerge.artifacts import LazySafetensors
+        from dpmerge.artifacts import SafetensorsFile
 
         self.statistics = statistics
         if not paths:
             raise ValueError("merging needs at least one task vector")
         self.names = [str(p) for p in paths]
-        self.files = [LazySafetensors(p) for p in paths]
+        self.files = [SafetensorsFile(p) for p in paths]
         structures = [f.structure() for f in self.files]
         check_same_structure(self.names, structures)
         self._keys = list(structures[0])

@@ -16,10 +16,11 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     """Merge released task vectors with `operator` (hyperparameters `params`) into a model w0 + merged vector.
 
     `vectors` "task" merges the task vectors, "difference" their differences around the weight average.
-    RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors. The output's
-    metadata records the inputs, the hyperparameters and the (epsilon, delta) the model is released at.
+    RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors, and the base
+    w0 is checked like any input (`checked_base`). The output's metadata records the inputs (w0 included), the
+    hyperparameters and the (epsilon, delta) the model is released at.
     """
-    from dpmerge.artifacts import LazySafetensors, file_tensors_sha256, write_tensors_streaming
+    from dpmerge.artifacts import file_tensors_sha256, write_tensors_streaming
     from dpmerge.merge.registry import (
         NEEDS_STATISTICS,
         OPERATORS,
@@ -34,11 +35,9 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     from dpmerge.privacy.release import check_release_group, checked_release_records, merged_release_budget
 
     params = params or {}
-    w0 = LazySafetensors(base)
     metas = checked_release_records(task_vectors)
     check_release_group(metas)
-    if metas[0]["pretrained_sha256"] != w0.metadata.get("pretrained_sha256"):
-        raise ValueError(f"task vectors were trained from other pretrained weights than {base}")
+    w0, w0_sha256 = checked_base(base, metas, task_vectors)
     statistics_source, statistics_meta = None, None
     if operator in NEEDS_STATISTICS:
         if not statistics:
@@ -78,6 +77,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         "pretrained_sha256": metas[0]["pretrained_sha256"],
         "tasks": [m["task"] for m in metas],
         "inputs": [{"path": p, "sha256": file_tensors_sha256(p)} for p in task_vectors],
+        "base": {"path": base, "sha256": w0_sha256},
         "release_epsilon": release_epsilon,
         "release_delta": release_delta,
     }
@@ -98,13 +98,49 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         f"(streamed) -> {out}")
 
 
+def checked_base(path: str, metas: list[dict], vector_paths: list[str]):
+    """The base w0 at `path`, opened, and its content hash, once it has been checked as an input like any other:
+    a valid safetensors file, read completely, every tensor finite, and the very weights the task vectors
+    (`metas`, read from `vector_paths`) are differences from.
+
+    What is compared with what: a vector's `pretrained_sha256` is the hash of the backbone's checkpoint file,
+    which w0 (the trainable top of that checkpoint, re-serialised by rule `pretrained`) cannot be hashed back to,
+    so it is compared only as a label with the one w0 records. The weights are compared through `w0_sha256`:
+    the content hash (artifacts.tensors_sha256 of names, dtypes, shapes and bytes) of the pretrained top a
+    fine-tune started from, which `dpmerge finetune` records with every vector and `dpmerge pretrained` with
+    w0, recomputed here from w0's tensors. A file with the right label and other weights is refused.
+    """
+    from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256
+
+    w0 = SafetensorsFile(path)
+    label = w0.metadata.get("pretrained_sha256")
+    if label != metas[0]["pretrained_sha256"]:
+        raise ValueError(f"{vector_paths[0]} was trained from other pretrained weights than {path}: the vector "
+                         f"records pretrained_sha256 {metas[0]['pretrained_sha256']!r}, {path} records {label!r}")
+    content = file_tensors_sha256(path, finite=True)
+    written = w0.metadata.get("w0_sha256")
+    if written is not None and written != content:
+        raise ValueError(f"{path}: its tensors hash to {content[:16]}..., not to the w0_sha256 {str(written)[:16]}... "
+                         "it was written with: the file changed since 'dpmerge pretrained' wrote it")
+    for meta, vector_path in zip(metas, vector_paths):
+        recorded = meta.get("w0_sha256")
+        if recorded is None:
+            raise ValueError(f"{vector_path} records no w0_sha256, the content hash of the w0 it was trained from "
+                             f"(vectors released before 'dpmerge finetune' recorded it lack it), so {path} cannot be "
+                             "checked against it: fine-tune it again")
+        if recorded != content:
+            raise ValueError(f"{path} is not the w0 {vector_path} was trained from: its tensors hash to "
+                             f"{content[:16]}..., the vector records w0_sha256 {str(recorded)[:16]}...")
+    return w0, content
+
+
 def statistics_source_of(path: str, kind: str, metas: list[dict], vector_paths: list[str]):
     """The per-task statistics of a `dpmerge statistics` file, checked against the vectors being merged, and the
     file's metadata."""
-    from dpmerge.artifacts import LazySafetensors, file_tensors_sha256
+    from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256
     from dpmerge.merge.sources import StatisticsSource
 
-    file = LazySafetensors(path)
+    file = SafetensorsFile(path)
     meta = file.metadata
     if meta.get("artifact") != "merge_statistics" or meta.get("kind") != kind:
         raise ValueError(f"{path} is not a {kind} statistics file (from 'dpmerge statistics --kind {kind}')")
@@ -142,8 +178,9 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
     from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
 
     network = backbone_from_spec(backbone_spec)
-    w0, _ = load_tensors(base)
     vectors, metas = read_task_vectors(task_vectors)
+    checked_base(base, metas, task_vectors)
+    w0, _ = load_tensors(base)
     key = None
     if source == "private":
         try:

@@ -45,14 +45,17 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
 
 
 def pretrained(*, backbone: str, backbone_spec: dict, out: str) -> None:
-    """Save w0 restricted to the trainable (mergeable) parameters."""
-    from dpmerge.artifacts import save_tensors
+    """Save w0 restricted to the trainable (mergeable) parameters, with its content hash (`w0_sha256`, the one
+    every fine-tune of this backbone records) beside the checkpoint's."""
+    from dpmerge.artifacts import save_tensors, tensors_sha256
     from dpmerge.models.spec import backbone_from_spec, weights_spec
 
     network = backbone_from_spec(backbone_spec)
+    top = network.top_state()
     save_tensors(
-        out, network.top_state(),
-        {"backbone": backbone, "spec": weights_spec(backbone_spec), "pretrained_sha256": network.checkpoint_sha256},
+        out, top,
+        {"backbone": backbone, "spec": weights_spec(backbone_spec), "pretrained_sha256": network.checkpoint_sha256,
+         "w0_sha256": tensors_sha256(top)},
     )
     log(f"[pretrained] wrote {out} ({len(network.trainable_names())} tensors)")
 

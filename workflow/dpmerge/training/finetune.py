@@ -384,6 +384,9 @@ def finetune(
         "rho": config.rho if method.sharpness_aware else 0.0,
         "anchor_lambda": config.anchor_lambda if method.anchored else 0.0,
         "pretrained_sha256": backbone.checkpoint_sha256,
+        # The checkpoint's hash says which file the weights came from; this one says what w0 holds, so a merge
+        # can check its base is the w0 this vector is a difference from (stages/merge.py checked_base).
+        "w0_sha256": tensors_sha256(pretrained),
         "num_train_examples": num_examples,
         "hyperparameters": {
             **{k: v for k, v in asdict(config).items() if k != "log_every"},
