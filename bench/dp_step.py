@@ -116,7 +116,8 @@ def main() -> None:
         anchors = [p.detach().clone() for p in params]
         optimizer = torch.optim.AdamW(params, lr=1e-6)
 
-        def nonprivate(f, y):
+        # bound now: the loop deletes these names before the next model is built
+        def nonprivate(f, y, model=model, params=params, optimizer=optimizer):
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(*f), y).backward()
             return [p.grad for p in params]
