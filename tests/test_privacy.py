@@ -254,3 +254,33 @@ def test_public_statistics_must_read_a_dataset_outside_every_private_training_se
     problems = check_statistics(pd.DataFrame([{**row, "public_dataset": "b"}]), releases)
     assert problems and "not a dataset outside every private training set" in problems[0]
     assert check_statistics(pd.DataFrame([row]), releases)  # no public dataset named at all
+
+
+def test_a_private_statistic_without_a_composed_budget_is_refused(tmp_path):
+    """Read back from a file as the ledger reads it: an absent total is NaN (it was the string 'None', which the
+    check took for a budget)."""
+    import torch
+
+    from dpmerge.artifacts import save_tensors
+    from dpmerge.privacy.ledger import build_statistics_ledger, check_statistics
+
+    releases = ledger(release("a"))
+    record = {"task": "a", "examples": 32, "sample_rate": 0.5, "clip_norm": 0.01, "noise_multiplier": 3.0,
+              "neighbouring": "add_remove", "statistic_epsilon": 1.0, "finetune_spent_epsilon": 3.99,
+              "total_epsilon": None}
+    path = tmp_path / "fisher.safetensors"
+    save_tensors(path, {"x": torch.zeros(1)}, {"artifact": "merge_statistics", "kind": "fisher", "source": "private",
+                                               "backbone": "b", "method": "dp_merging", "target_epsilon": 4.0,
+                                               "seed": 0, "records": [record]})
+    table = build_statistics_ledger([str(path)])
+    assert table["total_epsilon"].isna().all() and table["statistic_epsilon"].tolist() == [1.0]
+    assert any("without a composed budget" in p for p in check_statistics(table, releases))
+    assert check_statistics(table.assign(total_epsilon=4.7), releases) == []
+
+
+def test_ledger_budgets_are_floats_with_infinity_for_the_reference():
+    table = ledger(release("a"), release("a", method="nonprivate"), ("x.safetensors", {"task": "c"}))
+    assert table["target_epsilon"].dtype == float and table["spent_epsilon"].dtype == float
+    assert table["target_epsilon"].iloc[0] == 4.0 and (table["target_epsilon"] == 4).sum() == 1
+    assert table["target_epsilon"].iloc[1] == float("inf") and table["spent_epsilon"].iloc[1] == float("inf")
+    assert table["target_epsilon"].isna().iloc[2]  # an incomplete record: nothing recorded, not infinity

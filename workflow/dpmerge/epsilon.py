@@ -34,6 +34,12 @@ def epsilon_value(value) -> float:
     return eps if math.isfinite(eps) else math.inf
 
 
+def epsilon_column_value(value) -> float:
+    """A budget as a table column holds it: a float, infinity for the non-private reference ('inf'), NaN where
+    nothing was recorded (None), so that `== 4`, sorting and `isna` mean what they say."""
+    return math.nan if value is None else epsilon_value(value)
+
+
 def epsilon_of_label(label: str) -> float | None:
     """A path's budget label as the value a fine-tune is given: None for the non-private reference."""
     value = epsilon_value(label)

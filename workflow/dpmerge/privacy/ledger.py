@@ -27,7 +27,7 @@ import math
 import pandas as pd
 
 from dpmerge.artifacts import PRIVACY_FIELDS, read_metadata
-from dpmerge.epsilon import epsilon_value
+from dpmerge.epsilon import epsilon_column_value, epsilon_value
 from dpmerge.privacy.accounting import (
     RDP_ORDERS,
     composed_epsilon,
@@ -94,7 +94,7 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
         for field in PRIVACY_FIELDS:
             value = meta.get(field)
             if field in ("target_epsilon", "spent_epsilon"):
-                value = str(value)
+                value = epsilon_column_value(value)
             elif field == "steps_by_queries":
                 value = json.dumps(value, sort_keys=True)
             row[field] = value
@@ -149,8 +149,9 @@ def build_statistics_ledger(paths: list[str]) -> pd.DataFrame:
         for record in meta.get("records", []):
             rows.append({"path": str(path), "kind": meta.get("kind"), "source": meta.get("source"),
                          "backbone": meta.get("backbone"), "method": meta.get("method"),
-                         "target_epsilon": str(meta.get("target_epsilon")), "seed": meta.get("seed"),
-                         **{k: (str(v) if "epsilon" in k else v) for k, v in record.items()
+                         "target_epsilon": epsilon_column_value(meta.get("target_epsilon")),
+                         "seed": meta.get("seed"),
+                         **{k: (epsilon_column_value(v) if "epsilon" in k else v) for k, v in record.items()
                             if k in STATISTICS_COLUMNS}})
     return pd.DataFrame(rows, columns=STATISTICS_COLUMNS)
 

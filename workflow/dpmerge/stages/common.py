@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from dpmerge.epsilon import epsilon_column_value
+
 
 def log(message: str) -> None:
     # flushed at once: Snakemake jobs redirect stdout to a log file that is read while the job runs
@@ -48,7 +50,7 @@ def release_identity(meta: dict) -> dict:
     return {
         "backbone": meta.get("backbone"),
         "method": meta.get("method"),
-        "target_epsilon": str(meta.get("target_epsilon")),
+        "target_epsilon": epsilon_column_value(meta.get("target_epsilon")),  # float, inf for non-private
         "seed": meta.get("seed"),
         # The sensitivity tables (6, 7) tell DP-Merging runs apart by these
         "rho": float(meta.get("rho", 0.0)),
