@@ -293,3 +293,23 @@ def test_fuzz_corrupted_bytes_are_refused_or_read_exactly(good, flips):
     for index, byte in flips:
         corrupted[index % (8 + length)] = byte  # the length field and the header: what a reader must judge
     assert_refused_or_exact(path, bytes(corrupted))
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_take_the_umasks_mode_and_private_ones_stay_private(tmp_path, umask, mode):
+    """Collaborators the umask admits can read results (mkstemp alone gives 0600 whatever the umask)."""
+    import os
+    import stat
+
+    from dpmerge.artifacts import atomic_write
+
+    previous = os.umask(umask)
+    try:
+        save_tensors(tmp_path / "a.safetensors", {"x": torch.zeros(2)})
+        write_tensors_streaming(tmp_path / "b.safetensors", {"x": (torch.float32, (2,))}, iter([("x", torch.zeros(2))]))
+        atomic_write(tmp_path / "c.pt", lambda tmp: torch.save({}, tmp), private=True)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "a.safetensors").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "b.safetensors").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "c.pt").stat().st_mode) == 0o600

@@ -52,14 +52,33 @@ PRIVACY_FIELDS = (
 )
 
 
-def atomic_write(path: str | Path, write) -> None:
-    """Call write(tmp_path) then rename the temporary file onto `path`."""
+def _umask() -> int:
+    try:  # Linux states it without changing it (os.umask can only read by setting, process-wide)
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    current = os.umask(0o077)
+    os.umask(current)
+    return current
+
+
+def atomic_write(path: str | Path, write, *, private: bool = False) -> None:
+    """Call write(tmp_path) then rename the temporary file onto `path`.
+
+    The file gets the mode a plain `open` would give it (0666 less the umask), so collaborators the umask
+    admits can read results; mkstemp's 0600 is kept only for `private` files (checkpoints: they hold the
+    generators' states)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        if not private:
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

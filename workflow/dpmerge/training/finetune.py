@@ -104,7 +104,7 @@ def _save_checkpoint(path: Path, fingerprint: dict, step: int, steps_by_queries:
         "sampler": sampler.get_state(),
         "noise": noise.get_state(),
     }
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write(path, lambda tmp: torch.save(state, tmp), private=True)
 
 
 def _load_checkpoint(path: Path, fingerprint: dict, log) -> dict | None:
