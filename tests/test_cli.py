@@ -100,13 +100,97 @@ def test_merge_command_merges_difference_vectors_around_the_average(released):
     assert meta["merge_name"] == "task_arithmetic_difference" and meta["vectors"] == "difference"
 
 
-def test_merge_refuses_a_vector_without_privacy_record(released):
+def test_the_pipeline_refuses_a_vector_without_privacy_record(released):
     folder, _, _, paths = released
     bare = folder / "bare.safetensors"
     save_tensors(bare, {"w": torch.zeros(3), "b": torch.zeros(1)}, {"task": "x"})
     with pytest.raises(SystemExit, match="privacy record lacks"):
-        main(["merge", "--method", "weight_averaging", "--base", str(folder / "w0.safetensors"),
-              "-o", str(folder / "m.safetensors"), paths[0], str(bare)])
+        main(["merge", "--method", "weight_averaging", "--require-privacy-record",
+              "--base", str(folder / "w0.safetensors"), "-o", str(folder / "m.safetensors"), paths[0], str(bare)])
+    assert list(folder.glob("m.safetensors*")) == []
+
+
+def test_the_readme_example_merges_anyones_task_vectors_and_says_they_carry_no_record(tmp_path):
+    """`dpmerge merge --method ties --base w0.safetensors tv1 tv2 -o m.safetensors` on plain files (no metadata
+    at all): merged, a warning on stderr, and a merged model that claims no privacy."""
+    base = w0()
+    save_tensors(tmp_path / "w0.safetensors", base)
+    vectors = [{"w": torch.tensor([1.0, -2.0, 0.0]), "b": torch.tensor([1.0])},
+               {"w": torch.tensor([3.0, 2.0, 1.0]), "b": torch.tensor([-1.0])}]
+    for index, vector in enumerate(vectors, start=1):
+        save_tensors(tmp_path / f"tv{index}.safetensors", vector)
+    result = subprocess.run([sys.executable, "-m", "dpmerge.cli", "merge", "--method", "ties", "--base",
+                             "w0.safetensors", "tv1.safetensors", "tv2.safetensors", "-o", "m.safetensors"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "2 of 2 task vectors carry no full privacy record (tv1.safetensors lacks method" in result.stderr
+    assert "nothing checks that w0.safetensors is the w0 they were trained from" in result.stderr
+    merged, meta = load_tensors(tmp_path / "m.safetensors")
+    assert meta["privacy"] == "none recorded" and "release_epsilon" not in meta
+    assert meta["tasks"] == ["tv1", "tv2"] and set(merged) == set(base)
+    ties = main_merged(tmp_path, vectors, base)
+    assert all(torch.allclose(merged[k], ties[k]) for k in base)
+
+
+def main_merged(folder, vectors, base):
+    from dpmerge.merge.registry import ties
+
+    merged = ties(vectors, density=0.2, scaling=1.0)
+    return {k: base[k] + merged[k] for k in base}
+
+
+@pytest.mark.parametrize("make_inputs,message", [
+    (lambda paths, folder: [paths[0], paths[0]], "is given twice"),
+    (lambda paths, folder: [paths[0], str(folder / "." / "tv0.safetensors")], "is given twice"),
+    (lambda paths, folder: [paths[0], relabelled(paths[0], folder / "copy.safetensors")],
+     "holds the same tensors as"),
+    (lambda paths, folder: [paths[0], another(folder, "same_task.safetensors", task="task0")],
+     "are both task vectors of task 'task0'"),
+    (lambda paths, folder: [paths[0]], "a merge needs at least two task vectors, got 1"),
+    (lambda paths, folder: [paths[0], another(folder, "over.safetensors", spent_epsilon=50.0)],
+     "its record spends epsilon 50.0, above its target 4.0"),
+])
+def test_inputs_that_are_not_a_merge_are_refused_naming_them(released, make_inputs, message):
+    folder, _, _, paths = released
+    inputs = make_inputs(paths, folder)
+    for require in ([], ["--require-privacy-record"]):
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            main(["merge", "--method", "weight_averaging", *require, "--base", str(folder / "w0.safetensors"),
+                  "-o", str(folder / "m.safetensors"), *inputs])
+        assert list(folder.glob("m.safetensors*")) == []
+
+
+def relabelled(path, target):
+    """The same tensors under another task's name: one task counted twice."""
+    tensors, meta = load_tensors(path)
+    save_released(target, tensors, {**meta, "task": "renamed"})
+    return str(target)
+
+
+def another(folder, name, task="other", **overrides):
+    path = folder / name
+    save_released(path, {"w": torch.tensor([0.5, 0.5, 0.5]), "b": torch.tensor([0.0])}, record(**overrides),
+                  {"backbone": "toy", "task": task})
+    return str(path)
+
+
+def test_a_single_vector_merges_when_asked(released):
+    folder, base, vectors, paths = released
+    main(["merge", "--method", "weight_averaging", "--allow-single", "--base", str(folder / "w0.safetensors"),
+          "-o", str(folder / "m.safetensors"), paths[0]])
+    merged, _ = load_tensors(folder / "m.safetensors")
+    assert torch.allclose(merged["w"], base["w"] + vectors[0]["w"])
+
+
+@pytest.mark.parametrize("param,message", [
+    ("density=abc", "hyperparameter 'density' must be a number (default 0.2), got 'abc'"),
+    ("merge_func=3", "hyperparameter 'merge_func' must be a word (default 'mean'), got 3"),
+])
+def test_a_hyperparameter_of_the_wrong_kind_is_named(released, param, message):
+    folder, _, _, paths = released
+    result = run_cli("merge", "--method", "ties", "--param", param, "--base", str(folder / "w0.safetensors"),
+                     "-o", str(folder / "m.safetensors"), *paths)
+    assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_merge_names_unknown_operator_and_hyperparameter(released):

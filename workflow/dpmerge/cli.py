@@ -95,7 +95,8 @@ def cmd_finetune(args) -> None:
 
 def cmd_merge(args) -> None:
     merge.merge(operator=args.method, params=_parse_params(args.param), task_vectors=args.task_vectors,
-                base=args.base, out=args.out, vectors=args.vectors, name=args.name, statistics=args.statistics)
+                base=args.base, out=args.out, vectors=args.vectors, name=args.name, statistics=args.statistics,
+                require_privacy_record=args.require_privacy_record, allow_single=args.allow_single)
 
 
 def cmd_statistics(args) -> None:

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", required=True, help="merge operator name (listed above)")
     p.add_argument("--vectors", choices=["task", "difference"], default="task",
                    help="merge the task vectors tau_t, or the difference vectors tau_t - mean(tau) around the "
-                        "weight average (the result is then the average plus the merged differences)")
+                        "weight average (the result is then the average plus the merged differences); default task")
     p.add_argument("--name", help="label of this merge in scores and tables (default: the method, with "
                                   "'_difference' appended for difference vectors)")
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors (from 'dpmerge pretrained')")
@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True, help="merged model .safetensors")
 
     p.add_argument("--statistics", help="per-task data statistics for regmean / fisher (from 'dpmerge statistics')")
+    p.add_argument("--require-privacy-record", action="store_true",
+                   help="refuse task vectors without a full privacy record (default: merge them, warn on stderr "
+                        "and record 'privacy: none recorded'; the pipeline always passes this)")
+    p.add_argument("--allow-single", action="store_true",
+                   help="accept one task vector (default: refuse, a merge of one is usually a mistaken glob)")
 
     p = add("statistics",
             "Per-task RegMean Gram matrices or Fisher diagonals of a release group's task models, on public data "

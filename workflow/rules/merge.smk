@@ -56,7 +56,9 @@ rule merge:
         gpu=gpus,
         runtime="1h",
     shell:
-        "(dpmerge merge {params.hyper} --base {input.base} -o {output.merged} {input.vectors} && "
+        # --require-privacy-record: in the study every input is a release; only a record-less merge by hand warns
+        "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
+        "{input.vectors} && "
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {output.merged} "
         "--heads {input.heads} --data {input.data} --threads {threads} -o {output.scores}) > {log} 2>&1"
 

@@ -118,10 +118,32 @@ def _resolve(operator: str, hyperparameters: dict) -> tuple[Operator, dict]:
     if unknown:
         allowed = ", ".join(sorted(op.defaults)) or "none"
         raise ValueError(f"merge operator {operator!r} has no hyperparameter {sorted(unknown)}; allowed: {allowed}")
+    for key, value in hyperparameters.items():
+        _check_type(operator, key, value, op.defaults[key])
     hyper = {**op.defaults, **hyperparameters}
     if op.check is not None:
         op.check(**hyper)
     return op, hyper
+
+
+def _check_type(operator: str, key: str, value, default) -> None:
+    """A hyperparameter must have its default's kind (a number where the default is one, a flag, a word), so
+    that the operator's own range checks compare like with like instead of raising TypeError."""
+    def kind(x):
+        if isinstance(x, bool):
+            return "true or false"
+        if isinstance(x, (int, float)):
+            return "a number"
+        return "a word" if isinstance(x, str) else None
+
+    expected = kind(default)
+    if expected is not None and kind(value) != expected:
+        raise ValueError(f"merge operator {operator!r}: hyperparameter {key!r} must be {expected} (default "
+                         f"{default!r}), got {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) \
+            and not value.is_integer():
+        raise ValueError(f"merge operator {operator!r}: hyperparameter {key!r} must be a whole number (default "
+                         f"{default!r}), got {value!r}")
 
 
 def merge_stream(

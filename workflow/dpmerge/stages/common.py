@@ -15,6 +15,13 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
+def warn(message: str) -> None:
+    """What a user must see even when stdout goes to a log: on stderr."""
+    import sys
+
+    print(f"dpmerge: warning: {message}", file=sys.stderr, flush=True)
+
+
 def read_task_vectors(paths: list[str]) -> tuple[list[dict], list[dict]]:
     """Task vectors and their metadata, each refused unless it carries its full privacy record."""
     from dpmerge.artifacts import check_privacy_record, load_tensors

@@ -5,22 +5,31 @@ streamed tensor by tensor into w0 + merged vector).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from dpmerge.runtime import compute_section
-from dpmerge.stages.common import log, read_task_vectors, release_identity
+from dpmerge.stages.common import log, read_task_vectors, release_identity, warn
 
 
 def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vectors: str = "task",
-          name: str | None = None, params: dict | None = None, statistics: str | None = None) -> None:
-    """Merge released task vectors with `operator` (hyperparameters `params`) into a model w0 + merged vector.
+          name: str | None = None, params: dict | None = None, statistics: str | None = None,
+          require_privacy_record: bool = False, allow_single: bool = False) -> None:
+    """Merge task vectors with `operator` (hyperparameters `params`) into a model w0 + merged vector.
 
     `vectors` "task" merges the task vectors, "difference" their differences around the weight average.
     RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors, and the base
     w0 is checked like any input (`checked_base`). The output's metadata records the inputs (w0 included), the
     hyperparameters and the (epsilon, delta) the model is released at.
+
+    Released vectors (every one with its full privacy record) must form one release group, each within its
+    budget. Anyone's vectors without records merge too, with a warning on stderr, and the merged model records
+    `privacy: none recorded`; `require_privacy_record` (what the pipeline passes) refuses them instead. Either
+    way a path or a vector given twice, two vectors of one task and, unless `allow_single`, a lone vector are
+    refused.
     """
-    from dpmerge.artifacts import file_tensors_sha256, write_tensors_streaming
+    from dpmerge.artifacts import write_tensors_streaming
     from dpmerge.merge.registry import (
         NEEDS_STATISTICS,
         OPERATORS,
@@ -32,13 +41,18 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     from dpmerge.merge.sources import SafetensorsSource, check_same_structure
     from dpmerge.merge.storage import personalized_storage
     from dpmerge.models.base import task_model_weights
-    from dpmerge.privacy.release import check_release_group, checked_release_records, merged_release_budget
+    from dpmerge.privacy.release import check_release_group, merged_release_budget
 
     params = params or {}
-    metas = checked_release_records(task_vectors)
-    check_release_group(metas)
-    w0, w0_sha256 = checked_base(base, metas, task_vectors)
+    check_distinct_paths(task_vectors, allow_single)
+    metas, recorded = merge_records(task_vectors, require_privacy_record)
+    if recorded:
+        check_release_group(metas)
+    w0, w0_sha256 = checked_base(base, metas, task_vectors, strict=recorded)
     statistics_source, statistics_meta = None, None
+    if operator in NEEDS_STATISTICS and not recorded:
+        raise ValueError(f"{operator} reads per-task statistics of released task vectors ('dpmerge statistics'); "
+                         "these carry no privacy record")
     if operator in NEEDS_STATISTICS:
         if not statistics:
             raise ValueError(f"{operator} needs --statistics (from 'dpmerge statistics --kind "
@@ -63,24 +77,26 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     )
     name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
     hyper = {**OPERATORS[operator].defaults, **params}  # merge_stream has refused unknown ones
-    release_epsilon, release_delta = merged_release_budget(metas, statistics_meta)
+    inputs = distinct_inputs(task_vectors)
     meta = {
         "artifact": "merged_model",
         "operator": operator,
         "merge_name": name,
         "vectors": vectors,
         "hyperparameters": hyper,
-        "backbone": metas[0]["backbone"],
-        "method": metas[0]["method"],
-        "target_epsilon": metas[0]["target_epsilon"],
-        "seed": metas[0]["seed"],
-        "pretrained_sha256": metas[0]["pretrained_sha256"],
-        "tasks": [m["task"] for m in metas],
-        "inputs": [{"path": p, "sha256": file_tensors_sha256(p)} for p in task_vectors],
+        "backbone": metas[0].get("backbone"),
+        "method": metas[0].get("method"),
+        "target_epsilon": metas[0].get("target_epsilon"),
+        "seed": metas[0].get("seed"),
+        "pretrained_sha256": metas[0].get("pretrained_sha256"),
+        "tasks": [m.get("task", Path(p).stem) for m, p in zip(metas, task_vectors)],
+        "inputs": inputs,
         "base": {"path": base, "sha256": w0_sha256},
-        "release_epsilon": release_epsilon,
-        "release_delta": release_delta,
     }
+    if recorded:
+        meta["release_epsilon"], meta["release_delta"] = merged_release_budget(metas, statistics_meta)
+    else:
+        meta["privacy"] = "none recorded"
     if statistics_meta is not None:
         meta["statistics"] = {"path": statistics, "kind": statistics_meta["kind"],
                               "source": statistics_meta["source"], "records": statistics_meta["records"]}
@@ -98,7 +114,70 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         f"(streamed) -> {out}")
 
 
-def checked_base(path: str, metas: list[dict], vector_paths: list[str]):
+def check_distinct_paths(paths: list[str], allow_single: bool) -> None:
+    """Refuse a path given twice and, unless asked for, a merge of one vector (usually a glob that matched one)."""
+    if len(paths) < 2 and not allow_single:
+        raise ValueError(f"a merge needs at least two task vectors, got {len(paths)} ({', '.join(paths) or 'none'}); "
+                         "pass --allow-single to write w0 plus one vector")
+    seen: dict[Path, str] = {}
+    for path in paths:
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise ValueError(f"{path} is given twice (also as {seen[resolved]}): each task vector once")
+        seen[resolved] = path
+
+
+def merge_records(paths: list[str], require_privacy_record: bool) -> tuple[list[dict], bool]:
+    """Each vector's metadata and whether all of them are releases (full privacy records), checked as such:
+    within budget, one vector per task. Without records (unless required) the merge goes on, warned."""
+    from dpmerge.artifacts import PRIVACY_FIELDS, read_metadata
+    from dpmerge.epsilon import epsilon_value
+    from dpmerge.privacy.release import checked_release_records
+
+    if require_privacy_record:
+        metas = checked_release_records(paths)
+    else:
+        metas = [read_metadata(path) for path in paths]
+    missing = {path: [f for f in PRIVACY_FIELDS if f not in meta] for path, meta in zip(paths, metas)}
+    lacking = [(path, fields) for path, fields in missing.items() if fields]
+    for path, meta in zip(paths, metas):
+        if missing[path]:
+            continue
+        spent, target = epsilon_value(meta["spent_epsilon"]), epsilon_value(meta["target_epsilon"])
+        if spent > target:
+            raise ValueError(f"{path}: its record spends epsilon {meta['spent_epsilon']}, above its target "
+                             f"{meta['target_epsilon']}: not a release within its budget")
+    tasks: dict[str, str] = {}
+    for path, meta in zip(paths, metas):
+        task = meta.get("task")
+        if task is not None and task in tasks:
+            raise ValueError(f"{tasks[task]} and {path} are both task vectors of task {task!r}: a merge takes one "
+                             "per task")
+        tasks.setdefault(task, path)
+    if lacking:
+        first, fields = lacking[0]
+        warn(f"{len(lacking)} of {len(paths)} task vectors carry no full privacy record ({first} lacks "
+             f"{', '.join(fields[:4])}{', ...' if len(fields) > 4 else ''}); merging them anyway: the merged "
+             "model records 'privacy: none recorded' and no privacy budget")
+    return metas, not lacking
+
+
+def distinct_inputs(paths: list[str]) -> list[dict]:
+    """Each input's path and content hash (recorded in the merged model), refusing the same tensors twice under
+    two names: one task counted twice is not a merge of two tasks."""
+    from dpmerge.artifacts import file_tensors_sha256
+
+    inputs, seen = [], {}
+    for path in paths:
+        digest = file_tensors_sha256(path)
+        if digest in seen:
+            raise ValueError(f"{path} holds the same tensors as {seen[digest]}: each task vector once")
+        seen[digest] = path
+        inputs.append({"path": path, "sha256": digest})
+    return inputs
+
+
+def checked_base(path: str, metas: list[dict], vector_paths: list[str], strict: bool = True):
     """The base w0 at `path`, opened, and its content hash, once it has been checked as an input like any other:
     a valid safetensors file, read completely, every tensor finite, and the very weights the task vectors
     (`metas`, read from `vector_paths`) are differences from.
@@ -109,21 +188,31 @@ def checked_base(path: str, metas: list[dict], vector_paths: list[str]):
     the content hash (artifacts.tensors_sha256 of names, dtypes, shapes and bytes) of the pretrained top a
     fine-tune started from, which `dpmerge finetune` records with every vector and `dpmerge pretrained` with
     w0, recomputed here from w0's tensors. A file with the right label and other weights is refused.
+
+    Not `strict` (vectors without privacy records, from anyone): a label or hash is compared wherever both
+    sides have one; a vector without `w0_sha256` is let through with a warning, since nothing can say which
+    weights it is a difference from. The file itself is checked in full either way.
     """
     from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256
 
     w0 = SafetensorsFile(path)
     label = w0.metadata.get("pretrained_sha256")
-    if label != metas[0]["pretrained_sha256"]:
-        raise ValueError(f"{vector_paths[0]} was trained from other pretrained weights than {path}: the vector "
-                         f"records pretrained_sha256 {metas[0]['pretrained_sha256']!r}, {path} records {label!r}")
+    for meta, vector_path in zip(metas, vector_paths):
+        claimed = meta.get("pretrained_sha256")
+        if (strict or (label is not None and claimed is not None)) and label != claimed:
+            raise ValueError(f"{vector_path} was trained from other pretrained weights than {path}: the vector "
+                             f"records pretrained_sha256 {claimed!r}, {path} records {label!r}")
     content = file_tensors_sha256(path, finite=True)
     written = w0.metadata.get("w0_sha256")
     if written is not None and written != content:
         raise ValueError(f"{path}: its tensors hash to {content[:16]}..., not to the w0_sha256 {str(written)[:16]}... "
                          "it was written with: the file changed since 'dpmerge pretrained' wrote it")
+    unchecked = []
     for meta, vector_path in zip(metas, vector_paths):
         recorded = meta.get("w0_sha256")
+        if recorded is None and not strict:
+            unchecked.append(vector_path)
+            continue
         if recorded is None:
             raise ValueError(f"{vector_path} records no w0_sha256, the content hash of the w0 it was trained from "
                              f"(vectors released before 'dpmerge finetune' recorded it lack it), so {path} cannot be "
@@ -131,6 +220,10 @@ def checked_base(path: str, metas: list[dict], vector_paths: list[str]):
         if recorded != content:
             raise ValueError(f"{path} is not the w0 {vector_path} was trained from: its tensors hash to "
                              f"{content[:16]}..., the vector records w0_sha256 {str(recorded)[:16]}...")
+    if unchecked:
+        more = ", ..." if len(unchecked) > 1 else ""
+        warn(f"{len(unchecked)} task vector(s) record no w0_sha256 ({unchecked[0]}{more}): nothing checks that "
+             f"{path} is the w0 they were trained from")
     return w0, content
 
 
