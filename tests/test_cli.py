@@ -17,6 +17,16 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "dpmerge.cli", *args], capture_output=True, text=True)
 
 
+def test_version_is_the_installed_distributions():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"dpmerge {pyproject['project']['version']}"
+    assert pyproject["project"]["license"] == "MIT" and (Path(__file__).parents[1] / "LICENSE").is_file()
+
+
 def test_every_command_has_help(capsys):
     assert run_cli("--help").returncode == 0  # the real entry point once; each command's help in process
     for command in COMMANDS:

@@ -101,6 +101,7 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     # interpolation endpoints reproduce the individual and merged evaluations (same full test subsample)
     curve = pd.read_parquet(results / "diagnostics/interpolation/minilm/eps4/dp_merging/s0.parquet")
     cross = pd.read_parquet(results / "scores/individual/minilm/eps4/dp_merging/s0.parquet")
+    assert cross["target_epsilon"].dtype == float and (cross["target_epsilon"] == 4).all()  # numbers, not labels
     assert len(cross) == 4 and set(zip(cross["source_task"], cross["task"])) == {
         (a, b) for a in ("bbc_topic", "bbc_next_sentence") for b in ("bbc_topic", "bbc_next_sentence")}
     individual = cross[cross["source_task"] == cross["task"]].set_index("task")

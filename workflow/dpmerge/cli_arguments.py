@@ -21,6 +21,16 @@ TABLE_KINDS = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml), or 'unknown' when run from a bare source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dpmerge")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dpmerge.catalog import OPERATOR_SPECS
 
@@ -28,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dpmerge",
         description="Differentially private fine-tuning, task vectors and data-free merging (DP-Merging).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_figure_outputs(p):
