@@ -428,6 +428,13 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
          "'nonprivate' is not one of ['naive_dp', 'dp_merging', 'dp_sam', 'dp_anchor']"),
         (lambda c: c["diagnostics"]["landscape"].update(operator="dts_difference"),
          "diagnostics.landscape.operator: 'dts_difference' gives one model per task"),
+        # merge hyperparameters' ranges and kinds, as every merge checks them, but before any fine-tune
+        (lambda c: c["merge"]["ties"].update(density=2.0), "merge.ties: ties density must be in [0, 1], got 2.0"),
+        (lambda c: c["merge"]["ties"].update(density="dense"),
+         "merge.ties: merge operator 'ties': hyperparameter 'density' must be a number (default 0.2), got 'dense'"),
+        (lambda c: c["merge"]["dts_difference"].update(rank_fraction=0),
+         "merge.dts_difference: dts rank_fraction must be in (0, 1], got 0"),
+        (lambda c: c["merge"].update(wudi={"iterations": 2.5}), "hyperparameter 'iterations' must be a whole number"),
     ],
 )
 def test_bad_config_is_refused_naming_the_field(change, message):
@@ -441,6 +448,7 @@ def test_bad_config_is_refused_naming_the_field(change, message):
 @pytest.mark.parametrize("change,message", [
     (lambda c: c.update(epsilons=[-1]), "epsilons"),  # the schema
     (lambda c: c["merge"].update(ties={"densty": 0.2}), "merge.ties: unknown hyperparameter(s) ['densty']"),
+    (lambda c: c["merge"]["ties"].update(density=2.0), "merge.ties: ties density must be in [0, 1], got 2.0"),
 ])
 def test_bad_config_stops_the_workflow_before_any_job(tmp_path, change, message):
     config = yaml.safe_load(yaml.safe_dump(TINY))

@@ -14,6 +14,7 @@ import yaml
 # Only torch-free registries: the Snakefile runs these checks before any job (tests/test_structure.py).
 from dpmerge.data.registry import TASKS
 from dpmerge.epsilon import eps_label
+from dpmerge.merge.checks import check_hyperparameters
 from dpmerge.merge.specs import NEEDS_STATISTICS
 from dpmerge.merge.specs import SPECS as OPERATORS
 from dpmerge.models.registry import BACKBONES
@@ -123,6 +124,10 @@ def _check_merges(config):
         if unknown:
             raise ConfigError(f"merge.{name}: unknown hyperparameter(s) {sorted(unknown)} for operator "
                               f"{operator!r}; allowed: {', '.join(defaults) or 'none'}")
+        try:  # the ranges every merge checks, now: a bad value stops the dry run, not the merge after training
+            check_hyperparameters(operator, merge_hyperparameters(config, name))
+        except ValueError as error:
+            raise ConfigError(f"merge.{name}: {error}") from None
         if OPERATORS[operator].task_vectors_only and config["merge"][name].get("vectors") == "difference":
             raise ConfigError(f"merge.{name}.vectors: {operator} is defined on task vectors only")
 

@@ -30,11 +30,6 @@ def _needs(source: VectorSource, what: str, operator: str):
     return source.statistics
 
 
-def _regmean_check(reduce_non_diagonal_ratio):
-    if not 0 <= reduce_non_diagonal_ratio <= 1:
-        raise ValueError(f"regmean reduce_non_diagonal_ratio must be in [0, 1], got {reduce_non_diagonal_ratio}")
-
-
 def _regmean_statistics(source, reduce_non_diagonal_ratio):
     return _needs(source, "Gram matrices", "regmean")
 
@@ -118,13 +113,6 @@ def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
 # ---- Fisher merging
 
 
-def _fisher_check(normalize_fisher_weight, minimal_fisher_weight):
-    if not isinstance(normalize_fisher_weight, bool):
-        raise ValueError(f"fisher normalize_fisher_weight must be true or false, got {normalize_fisher_weight!r}")
-    if not minimal_fisher_weight >= 0:
-        raise ValueError(f"fisher minimal_fisher_weight must be >= 0, got {minimal_fisher_weight}")
-
-
 def _fisher_statistics(source, normalize_fisher_weight, minimal_fisher_weight):
     """The Fisher source, and each task's global L2 norm of its Fisher (streamed) when normalising."""
     statistics = _needs(source, "Fisher information", "fisher")
@@ -160,6 +148,6 @@ def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_
 
 # What merge.registry pairs with each name's OperatorSpec.
 IMPLEMENTATIONS = {
-    "regmean": {"per_tensor": _regmean_tensor, "statistics": _regmean_statistics, "check": _regmean_check},
-    "fisher": {"per_tensor": _fisher_tensor, "statistics": _fisher_statistics, "check": _fisher_check},
+    "regmean": {"per_tensor": _regmean_tensor, "statistics": _regmean_statistics},
+    "fisher": {"per_tensor": _fisher_tensor, "statistics": _fisher_statistics},
 }

@@ -49,15 +49,6 @@ def _keep_above(values: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.where(values.abs() >= threshold, values, torch.zeros_like(values))
 
 
-def _ties_check(density, scaling, merge_func, topk_scope):
-    if not 0 <= density <= 1:
-        raise ValueError(f"ties density must be in [0, 1], got {density}")
-    if merge_func not in ("mean", "sum"):
-        raise ValueError(f"ties merge_func must be 'mean' or 'sum', got {merge_func!r}")
-    if topk_scope not in ("global", "per_tensor"):
-        raise ValueError(f"ties topk_scope must be 'global' or 'per_tensor', got {topk_scope!r}")
-
-
 def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_scope):
     """Global top-k: each task vector's magnitude threshold over all its entries, streamed."""
     if topk_scope != "global":
@@ -99,11 +90,6 @@ def _ties_tensor(key, tensors, thresholds, density, scaling, merge_func, topk_sc
 # ---- DARE
 
 
-def _dare_check(drop_rate, scaling, seed):
-    if not 0 <= drop_rate < 1:
-        raise ValueError(f"dare drop_rate must be in [0, 1), got {drop_rate}")
-
-
 def _dare_tensor(key, tensors, stats, drop_rate, scaling, seed):
     kept = []
     for index, t in enumerate(tensors):
@@ -118,11 +104,6 @@ def _dare_tensor(key, tensors, stats, drop_rate, scaling, seed):
 
 
 _PCB_OUTLIER_FRACTION = 1e-4  # the reference code clamps |tau| to its [1e-4, 1 - 1e-4] quantiles per task
-
-
-def _pcb_check(ratio, scaling):
-    if not 0 < ratio <= 1:
-        raise ValueError(f"pcb ratio must be in (0, 1], got {ratio}")
 
 
 def _pcb_task_balance(tensor: torch.Tensor, total: torch.Tensor, count: int, low: float, high: float):
@@ -181,7 +162,7 @@ def _pcb_tensor(key, tensors, stats, ratio, scaling):
 IMPLEMENTATIONS = {
     "weight_averaging": {"per_tensor": _weight_averaging_tensor},
     "task_arithmetic": {"per_tensor": _task_arithmetic_tensor},
-    "ties": {"per_tensor": _ties_tensor, "statistics": _ties_statistics, "check": _ties_check},
-    "dare": {"per_tensor": _dare_tensor, "check": _dare_check},
-    "pcb": {"per_tensor": _pcb_tensor, "statistics": _pcb_statistics, "check": _pcb_check},
+    "ties": {"per_tensor": _ties_tensor, "statistics": _ties_statistics},
+    "dare": {"per_tensor": _dare_tensor},
+    "pcb": {"per_tensor": _pcb_tensor, "statistics": _pcb_statistics},
 }

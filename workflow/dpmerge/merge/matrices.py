@@ -25,11 +25,6 @@ def matrix_view(tensor: torch.Tensor, include_conv: bool) -> torch.Tensor | None
     return None
 
 
-def check_include_conv(include_conv):
-    if not isinstance(include_conv, bool):
-        raise ValueError(f"include_conv must be true or false, got {include_conv!r}")
-
-
 def mean_of(tensors):
     """What a matrix-shaped rule does with a tensor that is not a matrix: the plain average."""
     return torch.stack(tensors).mean(0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dpmerge.merge.matrices import check_include_conv, matrix_view
+from dpmerge.merge.matrices import matrix_view
 from dpmerge.merge.sources import VectorSource
 
 # ---- TALL masks: one per task (tall_masks), or their consensus (consensus_ta)
@@ -32,13 +32,6 @@ def tall_masks(tensors: list[torch.Tensor], tall_mask_lambda: float, summed: tor
     return (t.abs() > tall_mask_lambda * (summed - t).abs() for t in tensors)
 
 
-def _consensus_check(scaling, tall_mask_lambda, min_agreement):
-    if not tall_mask_lambda >= 0:
-        raise ValueError(f"consensus tall_mask_lambda must be >= 0, got {tall_mask_lambda}")
-    if not isinstance(min_agreement, int) or min_agreement < 0:
-        raise ValueError(f"consensus min_agreement must be a non-negative integer, got {min_agreement!r}")
-
-
 def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreement):
     summed = torch.stack(tensors).sum(0)
     agreement = torch.zeros(summed.shape, dtype=torch.int32)
@@ -50,11 +43,6 @@ def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreem
 def _tall_tensor(key, tensors, stats, tall_mask_lambda):
     summed = torch.stack(tensors).sum(0)
     return summed, [{"mask": m.to(torch.uint8)} for m in tall_masks(tensors, tall_mask_lambda, summed)]
-
-
-def _tall_check(tall_mask_lambda):
-    if not tall_mask_lambda >= 0:
-        raise ValueError(f"tall_masks tall_mask_lambda must be >= 0, got {tall_mask_lambda}")
 
 
 def _mask_reconstruct(shared, parts, **_):
@@ -108,12 +96,6 @@ def _emr_reconstruct(shared, parts):
 
 # ---- DTS: per task, truncated SVD (a fraction r of the singular values) with 2-bit codes for U and V: sign, and
 # above/below the median magnitude of that sign; each of the four groups is decoded as its mean |value|.
-
-
-def _dts_check(rank_fraction, include_conv):
-    if not 0 < rank_fraction <= 1:
-        raise ValueError(f"dts rank_fraction must be in (0, 1], got {rank_fraction}")
-    check_include_conv(include_conv)
 
 
 def _dts_rank(shape, rank_fraction):
@@ -185,9 +167,9 @@ def _dts_reconstruct(shared, parts, rank_fraction, include_conv):
 IMPLEMENTATIONS = {
     "emr": {"per_tensor": _emr_tensor, "statistics": _emr_statistics, "parts_layout": _emr_layout,
             "reconstruct": _emr_reconstruct},
-    "tall_masks": {"per_tensor": _tall_tensor, "check": _tall_check, "parts_layout": _mask_layout,
+    "tall_masks": {"per_tensor": _tall_tensor, "parts_layout": _mask_layout,
                    "reconstruct": _mask_reconstruct},
-    "dts": {"per_tensor": _dts_tensor, "check": _dts_check, "parts_layout": _dts_layout,
+    "dts": {"per_tensor": _dts_tensor, "parts_layout": _dts_layout,
             "reconstruct": _dts_reconstruct},
-    "consensus_ta": {"per_tensor": _consensus_tensor, "check": _consensus_check},
+    "consensus_ta": {"per_tensor": _consensus_tensor},
 }

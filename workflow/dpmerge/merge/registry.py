@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from dpmerge.merge import data_based, elementwise, personalized, spectral
+from dpmerge.merge.checks import check_hyperparameters
 from dpmerge.merge.sources import DifferenceSource, InMemorySource, TaskVector, VectorSource
 from dpmerge.merge.specs import (
     NEEDS_STATISTICS,  # noqa: F401 - the CLI and the workflow read it from here
@@ -62,7 +63,6 @@ class Operator:
     spec: OperatorSpec
     per_tensor: Callable[..., torch.Tensor]
     statistics: Callable[..., object] | None = None
-    check: Callable[..., None] | None = None  # validates hyperparameters before anything is read
     # Personalized operators (EMR, TALL masks, DTS) keep per-task parts beside the shared tensor: per_tensor
     # returns (shared, [parts of task t]), parts_layout(shape, dtype, **hyper) gives each part's (dtype, shape)
     # and reconstruct(shared, parts, **hyper) rebuilds task t's vector. Stored as PERSONAL/<t>/<part>/<name>.
@@ -111,39 +111,7 @@ OPERATORS: dict[str, Operator] = _registered()
 
 
 def _resolve(operator: str, hyperparameters: dict) -> tuple[Operator, dict]:
-    if operator not in OPERATORS:
-        raise ValueError(f"unknown merge operator {operator!r}; known operators: {', '.join(sorted(OPERATORS))}")
-    op = OPERATORS[operator]
-    unknown = set(hyperparameters) - set(op.defaults)
-    if unknown:
-        allowed = ", ".join(sorted(op.defaults)) or "none"
-        raise ValueError(f"merge operator {operator!r} has no hyperparameter {sorted(unknown)}; allowed: {allowed}")
-    for key, value in hyperparameters.items():
-        _check_type(operator, key, value, op.defaults[key])
-    hyper = {**op.defaults, **hyperparameters}
-    if op.check is not None:
-        op.check(**hyper)
-    return op, hyper
-
-
-def _check_type(operator: str, key: str, value, default) -> None:
-    """A hyperparameter must have its default's kind (a number where the default is one, a flag, a word), so
-    that the operator's own range checks compare like with like instead of raising TypeError."""
-    def kind(x):
-        if isinstance(x, bool):
-            return "true or false"
-        if isinstance(x, (int, float)):
-            return "a number"
-        return "a word" if isinstance(x, str) else None
-
-    expected = kind(default)
-    if expected is not None and kind(value) != expected:
-        raise ValueError(f"merge operator {operator!r}: hyperparameter {key!r} must be {expected} (default "
-                         f"{default!r}), got {value!r}")
-    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) \
-            and not value.is_integer():
-        raise ValueError(f"merge operator {operator!r}: hyperparameter {key!r} must be a whole number (default "
-                         f"{default!r}), got {value!r}")
+    return OPERATORS.get(operator), check_hyperparameters(operator, hyperparameters)
 
 
 def merge_stream(

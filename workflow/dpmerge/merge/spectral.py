@@ -17,17 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from dpmerge.merge.matrices import check_include_conv, matrix_view, mean_of
+from dpmerge.merge.matrices import matrix_view, mean_of
 
 # ---- WUDI-merging
-
-
-def _wudi_check(iterations, lr, scaling, include_conv):
-    if not isinstance(iterations, int) or iterations < 0:
-        raise ValueError(f"wudi iterations must be a non-negative integer, got {iterations!r}")
-    if not lr > 0:
-        raise ValueError(f"wudi lr must be positive, got {lr}")
-    check_include_conv(include_conv)
 
 
 def wudi_solve(matrices: list[torch.Tensor], iterations: int, lr: float):
@@ -83,10 +75,6 @@ def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
 # ---- Task singular vectors (TSV-M) and isotropic merging (Iso-C, Iso-CTS)
 
 
-def _svd_check(scaling, include_conv, **_):
-    check_include_conv(include_conv)
-
-
 def _polar(matrix: torch.Tensor) -> torch.Tensor:
     """The orthogonal factor U V^T of matrix = U S V^T (closest matrix with orthonormal columns/rows)."""
     u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
@@ -122,12 +110,6 @@ def _iso_c_tensor(key, tensors, stats, scaling, include_conv):
     return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
 
-def _iso_cts_check(scaling, common_space_fraction, include_conv):
-    if not 0 <= common_space_fraction <= 1:
-        raise ValueError(f"iso_cts common_space_fraction must be in [0, 1], got {common_space_fraction}")
-    check_include_conv(include_conv)
-
-
 def _iso_cts_tensor(key, tensors, stats, scaling, common_space_fraction, include_conv):
     matrices = [matrix_view(t, include_conv) for t in tensors]
     if matrices[0] is None:
@@ -158,8 +140,8 @@ def _iso_cts_tensor(key, tensors, stats, scaling, common_space_fraction, include
 
 # What merge.registry pairs with each name's OperatorSpec.
 IMPLEMENTATIONS = {
-    "wudi": {"per_tensor": _wudi_tensor, "check": _wudi_check},
-    "tsv_m": {"per_tensor": _tsvm_tensor, "check": _svd_check},
-    "iso_c": {"per_tensor": _iso_c_tensor, "check": _svd_check},
-    "iso_cts": {"per_tensor": _iso_cts_tensor, "check": _iso_cts_check},
+    "wudi": {"per_tensor": _wudi_tensor},
+    "tsv_m": {"per_tensor": _tsvm_tensor},
+    "iso_c": {"per_tensor": _iso_c_tensor},
+    "iso_cts": {"per_tensor": _iso_cts_tensor},
 }
