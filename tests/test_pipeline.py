@@ -445,8 +445,23 @@ def test_bad_config_is_refused_naming_the_field(change, message):
     assert message in str(refused.value)
 
 
+def test_a_schema_violation_is_one_line_naming_the_field_and_the_closest_key():
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    config["seedz"] = [0]
+    with pytest.raises(ConfigError) as refused:
+        check_config(config)
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1 and "did you mean 'seeds' instead of 'seedz'?" in message
+    assert "(allowed here: backbones, checkpoint_every," in message
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    config["data"]["max_train"] = "many"
+    with pytest.raises(ConfigError, match=r"data\.max_train: 'many' is not of type"):
+        check_config(config)
+
+
 @pytest.mark.parametrize("change,message", [
-    (lambda c: c.update(epsilons=[-1]), "epsilons"),  # the schema
+    (lambda c: c.update(epsilons=[-1]), "epsilons.0: -1 is less than or equal to the minimum of 0"),  # the schema
+    (lambda c: c.update(seedz=[0]), "did you mean 'seeds' instead of 'seedz'?"),
     (lambda c: c["merge"].update(ties={"densty": 0.2}), "merge.ties: unknown hyperparameter(s) ['densty']"),
     (lambda c: c["merge"]["ties"].update(density=2.0), "merge.ties: ties density must be in [0, 1], got 2.0"),
 ])
@@ -457,6 +472,7 @@ def test_bad_config_stops_the_workflow_before_any_job(tmp_path, change, message)
     result = snakemake(tmp_path, "-n")
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
+    assert len((result.stdout + result.stderr).splitlines()) < 40  # not the whole schema
     assert not (tmp_path / "results").exists()
 
 

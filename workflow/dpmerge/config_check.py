@@ -39,7 +39,8 @@ def merge_hyperparameters(config: dict, name: str) -> dict:
 
 def check_config(config: dict) -> None:
     """Validate against the schema (filling in its defaults, in place), then the checks a schema cannot express.
-    Raises ConfigError, or snakemake's WorkflowError for a schema violation."""
+    Raises ConfigError naming the field (a schema violation too: `schema_error` keeps it to one line)."""
+    from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
     if "public_examples" in (config.get("data") or {}):
@@ -48,7 +49,10 @@ def check_config(config: dict) -> None:
             "the same private population), never public data. Give RegMean / Fisher statistics {data: private, "
             "clip_norm: C, epsilon: E} (privatized and composed), or declare a public dataset outside every "
             "private training set with backbones.<name>.public_data and use {data: public}")
-    validate(config, schema=str(SCHEMA))
+    try:
+        validate(config, schema=str(SCHEMA))
+    except WorkflowError as error:
+        raise ConfigError(schema_error(config, error)) from None
     _check_backbones(config)
     _check_merges(config)
     _check_finetune_overrides(config)
@@ -63,6 +67,28 @@ def check_config(config: dict) -> None:
         return
     _check_diagnostics(config)
     _check_tables_and_sweeps(config)
+
+
+def schema_error(config: dict, error: Exception) -> str:
+    """One line for a schema violation: the field's dotted path, what jsonschema says is wrong and, for an
+    unknown key, the closest known one ("did you mean") and the keys allowed there. Snakemake's own message
+    prints the whole schema (over a thousand lines for a one-letter typo)."""
+    import difflib
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    found = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(config))
+    if found is None:  # snakemake saw something jsonschema alone does not: keep its first lines
+        return "config: " + " ".join(str(error).splitlines()[:3])
+    path = ".".join(str(part) for part in found.absolute_path) or "config"
+    message = f"{path}: {found.message}"
+    if found.validator == "additionalProperties" and isinstance(found.instance, dict):
+        allowed = sorted(found.schema.get("properties", {}))
+        for key in sorted(set(found.instance) - set(allowed)):
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            if close:
+                message += f"; did you mean {close[0]!r} instead of {key!r}?"
+        message += f" (allowed here: {', '.join(allowed)})"
+    return message
 
 
 def _check_backbones(config):
