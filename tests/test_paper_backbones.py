@@ -45,6 +45,22 @@ def uint8_images(count, seed=0, size=32):
 # ------------------------------------------------------------------------------------------------- CLIP
 
 
+def test_a_clip_job_logs_the_weights_it_loaded_and_not_open_clips_random_init_warning(clip_files, caplog, capsys):
+    """open_clip builds the tower empty and warns that it is 'initialized randomly'; the checked checkpoint is
+    loaded right after, so the log names that file instead."""
+    import logging
+
+    from dpmerge.models.spec import backbone_from_spec
+
+    config, checkpoint = clip_files
+    with caplog.at_level(logging.INFO):
+        backbone_from_spec({"kind": "open_clip", "model": str(config), "checkpoint": str(checkpoint),
+                            "pretrained": "", "trainable_blocks": 1})
+    assert not [r for r in caplog.records if "initialized randomly" in r.getMessage()]
+    printed = capsys.readouterr().out
+    assert f"[backbone] open_clip: pretrained weights from {checkpoint}" in printed and "MiB" in printed
+
+
 @pytest.mark.parametrize("trainable_blocks", ["all", 1])
 def test_clip_top_computes_open_clips_normalised_image_embedding(clip_files, trainable_blocks):
     backbone = clip_backbone(clip_files, trainable_blocks=trainable_blocks)

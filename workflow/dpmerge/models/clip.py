@@ -17,6 +17,8 @@ way the file is checked key by key against the architecture and hashed into ever
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 
 import torch
@@ -53,6 +55,21 @@ def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     if state and all(key.startswith("module.") for key in state):
         state = {key.removeprefix("module."): value for key, value in state.items()}
     return {key: value for key, value in state.items() if key not in _OPENAI_EXTRAS}
+
+
+
+@contextlib.contextmanager
+def _without_log_message(fragment: str):
+    """Drop the root logger's records containing `fragment` (open_clip logs through the root logger)."""
+    def keep(record: logging.LogRecord) -> bool:
+        return fragment not in record.getMessage()
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 class OpenCLIPViT(Backbone):
@@ -92,8 +109,12 @@ class OpenCLIPViT(Backbone):
         self.checkpoint_path = Path(checkpoint)
         if not self.checkpoint_path.is_file():
             raise FileNotFoundError(f"CLIP checkpoint not found: {self.checkpoint_path}")
-        # OpenAI's towers use QuickGELU; the tag's config says so, as open_clip's own loader reads it.
-        clip = open_clip.create_model(model, pretrained=None, force_quick_gelu=bool(pretrained_cfg.get("quick_gelu")))
+        # OpenAI's towers use QuickGELU; the tag's config says so, as open_clip's own loader reads it. Built
+        # empty on purpose: the weights come from the checked checkpoint just below, so open_clip's "initialized
+        # randomly" warning would be false here (and alarming in every job's log).
+        with _without_log_message("initialized randomly"):
+            clip = open_clip.create_model(model, pretrained=None,
+                                          force_quick_gelu=bool(pretrained_cfg.get("quick_gelu")))
         state = read_checkpoint(self.checkpoint_path)
         expected = clip.state_dict()
         check_state(state, expected, self.checkpoint_path)

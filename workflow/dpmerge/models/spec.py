@@ -35,6 +35,17 @@ def backbone_from_spec(spec: dict):
         )
     try:
         # CPU unless the spec says otherwise: the workflow leaves the defaults out of the spec
-        return load_backbone(kind, **spec).set_device(**{"device": "cpu", "precision": "fp32", **run})
+        backbone = load_backbone(kind, **spec).set_device(**{"device": "cpu", "precision": "fp32", **run})
     except ValueError as error:
         raise ValueError(f"backbone {kind!r}: {error}") from None
+    log_loaded(backbone)
+    return backbone
+
+
+def log_loaded(backbone) -> None:
+    """Say in the job's log which weights were loaded (the file's hash is in every release's record as
+    pretrained_sha256; hashing a multi-GB checkpoint in every job only to log it would cost seconds)."""
+    path = getattr(backbone, "checkpoint_path", None)
+    size = f", {path.stat().st_size / 2**20:.1f} MiB" if path is not None and path.is_file() else ""
+    print(f"[backbone] {backbone.kind}: pretrained weights from {path}{size}; device {backbone.device}, "
+          f"precision {backbone.precision}", flush=True)

@@ -249,7 +249,7 @@ def finetune(
         f"sigma={sigma:.4f} queries/step={method.queries_per_step} delta={delta:.3g}"
         + (f" neighbouring={config.neighbouring} randomness={config.rng} per-sample={strategy}"
            if method.private else "")
-        + f" device={device} precision={backbone.precision}"
+        + f" device={device} precision={backbone.precision} pretrained_sha256={backbone.checkpoint_sha256[:16]}..."
     )
 
     # What the accountant is charged comes from here, not from the configuration: every privatized query is
