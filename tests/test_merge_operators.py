@@ -222,11 +222,13 @@ def test_unknown_vector_kind_and_bad_hyperparameters_are_named():
         merge("ties", vectors, "deltas")
     with pytest.raises(ValueError, match=r"pcb ratio must be in \(0, 1\], got 0"):
         pcb(vectors, ratio=0)
-    with pytest.raises(ValueError, match="wudi iterations must be a non-negative integer"):
+    with pytest.raises(ValueError, match="hyperparameter 'iterations' must be a whole number"):
         wudi(vectors, iterations=2.5)
+    with pytest.raises(ValueError, match="wudi iterations must be a non-negative integer"):
+        wudi(vectors, iterations=-1)
     with pytest.raises(ValueError, match="iso_cts common_space_fraction"):
         iso_cts(vectors, common_space_fraction=2)
-    with pytest.raises(ValueError, match="include_conv must be true or false"):
+    with pytest.raises(ValueError, match="'include_conv' must be true or false"):
         tsv_m(vectors, include_conv="yes")
 
 

@@ -500,8 +500,9 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     assert jobs["table1"] == 2 * 2  # per backbone and private epsilon
     assert "taskvectors/effnet/epsinf/nonprivate/s0/digits.safetensors" in listing.stdout
     assert "--method nonprivate  --seed 0" in listing.stdout  # no --epsilon for the non-private reference
+    # the study's merges take releases only: --require-privacy-record refuses a vector without its record
     assert ("dpmerge merge --method ties --vectors difference --name ties_difference --param density=0.3 "
-            "--base results/pretrained/minilm.safetensors -o results/merged/minilm/eps1/dp_anchor/s0/"
+            "--require-privacy-record --base results/pretrained/minilm.safetensors -o results/merged/minilm/eps1/dp_anchor/s0/"
             "ties_difference.safetensors") in listing.stdout
     # per-method overrides: global < global by_method < backbone < backbone by_method
     commands = [line for line in listing.stdout.splitlines() if "dpmerge finetune " in line]
