@@ -221,7 +221,10 @@ def assert_refused_or_exact(path, content):
     return True
 
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: every run (CI included) checks the same examples, so a failure reproduces; no example database
+# is written into the checkout. Widen by hand with more max_examples and derandomize=False.
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @FUZZ
