@@ -438,8 +438,8 @@ def protocol_candidates():
 
 
 def answer_links():
-    tables = [prefix + ".html" for prefix in PLANNED_TABLES]
-    return tables + [prefix + ".png" for prefix in all_figures()] + [LEDGER_REPORT]
+    tables = [f"{prefix}.html" for prefix in PLANNED_TABLES]
+    return tables + [f"{prefix}.png" for prefix in all_figures()] + [LEDGER_REPORT]
 for _table, _reason in SKIPPED_TABLES:
     print(f"dpmerge: skipping {_table}: {_reason}", file=sys.stderr)
 

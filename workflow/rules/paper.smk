@@ -6,10 +6,10 @@ rule table1:
     input:
         table_scores,
     output:
-        parquet=TABLE1 + ".parquet",
-        markdown=TABLE1 + ".md",
-        latex=TABLE1 + ".tex",
-        html=report(TABLE1 + ".html", caption="../report/table.rst", category="Tables",
+        parquet=f"{TABLE1}.parquet",
+        markdown=f"{TABLE1}.md",
+        latex=f"{TABLE1}.tex",
+        html=report(f"{TABLE1}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Multi-task scores (Tables 1-3)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
     params:
         prefix=TABLE1,
@@ -30,10 +30,10 @@ rule table4:
     input:
         epsilon_sweep_scores(),
     output:
-        parquet=TABLE4 + ".parquet",
-        markdown=TABLE4 + ".md",
-        latex=TABLE4 + ".tex",
-        html=report(TABLE4 + ".html", caption="../report/table.rst", category="Tables",
+        parquet=f"{TABLE4}.parquet",
+        markdown=f"{TABLE4}.md",
+        latex=f"{TABLE4}.tex",
+        html=report(f"{TABLE4}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Privacy budgets (Table 4)", labels={"table": "epsilon sweep"}),
     params:
         prefix=TABLE4,
@@ -54,10 +54,10 @@ rule table5:
     input:
         table5_scores,
     output:
-        parquet=TABLE5 + ".parquet",
-        markdown=TABLE5 + ".md",
-        latex=TABLE5 + ".tex",
-        html=report(TABLE5 + ".html", caption="../report/table.rst", category="Tables",
+        parquet=f"{TABLE5}.parquet",
+        markdown=f"{TABLE5}.md",
+        latex=f"{TABLE5}.tex",
+        html=report(f"{TABLE5}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Ablation (Table 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
     params:
         prefix=TABLE5,
@@ -76,10 +76,10 @@ rule table6:
     input:
         table6_scores,
     output:
-        parquet=TABLE6 + ".parquet",
-        markdown=TABLE6 + ".md",
-        latex=TABLE6 + ".tex",
-        html=report(TABLE6 + ".html", caption="../report/table.rst", category="Tables",
+        parquet=f"{TABLE6}.parquet",
+        markdown=f"{TABLE6}.md",
+        latex=f"{TABLE6}.tex",
+        html=report(f"{TABLE6}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "rho"}),
     params:
         prefix=TABLE6,
@@ -100,10 +100,10 @@ rule table7:
     input:
         table7_scores,
     output:
-        parquet=TABLE7 + ".parquet",
-        markdown=TABLE7 + ".md",
-        latex=TABLE7 + ".tex",
-        html=report(TABLE7 + ".html", caption="../report/table.rst", category="Tables",
+        parquet=f"{TABLE7}.parquet",
+        markdown=f"{TABLE7}.md",
+        latex=f"{TABLE7}.tex",
+        html=report(f"{TABLE7}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "lambda"}),
     params:
         prefix=TABLE7,
@@ -124,10 +124,10 @@ rule table8:
     input:
         table8_scores,
     output:
-        parquet=TABLE8 + ".parquet",
-        markdown=TABLE8 + ".md",
-        latex=TABLE8 + ".tex",
-        html=report(TABLE8 + ".html", caption="../report/table.rst", category="Tables",
+        parquet=f"{TABLE8}.parquet",
+        markdown=f"{TABLE8}.md",
+        latex=f"{TABLE8}.tex",
+        html=report(f"{TABLE8}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Merge operators (Table 8)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
     params:
         prefix=TABLE8,
@@ -162,10 +162,10 @@ rule figure_interpolation:
     input:
         table_curves,
     output:
-        png=report(FIGURE_INTERPOLATION + ".png", caption="../report/figure_interpolation.rst",
+        png=report(f"{FIGURE_INTERPOLATION}.png", caption="../report/figure_interpolation.rst",
                    category="Figures", subcategory="Interpolation barriers (Fig. 2)",
                    labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
-        pdf=FIGURE_INTERPOLATION + ".pdf",
+        pdf=f"{FIGURE_INTERPOLATION}.pdf",
     params:
         title=interpolation_title,
     log:
@@ -183,9 +183,9 @@ rule figure_sharpness_drift:
         curvature=backbone_curvature,
         drift=backbone_drift,
     output:
-        png=report(FIGURE_SHARPNESS_DRIFT + ".png", caption="../report/figure_sharpness_drift.rst",
+        png=report(f"{FIGURE_SHARPNESS_DRIFT}.png", caption="../report/figure_sharpness_drift.rst",
                    category="Figures", subcategory="Sharpness and drift (Fig. 3)", labels={"backbone": "{backbone}"}),
-        pdf=FIGURE_SHARPNESS_DRIFT + ".pdf",
+        pdf=f"{FIGURE_SHARPNESS_DRIFT}.pdf",
     params:
         title=sharpness_drift_title,
     log:
@@ -203,9 +203,9 @@ rule figure_gap_bound:
     input:
         backbone_curvature,
     output:
-        png=report(FIGURE_GAP_BOUND + ".png", caption="../report/figure_gap_bound.rst", category="Figures",
+        png=report(f"{FIGURE_GAP_BOUND}.png", caption="../report/figure_gap_bound.rst", category="Figures",
                    subcategory="Merge gap vs Theorem 5.2", labels={"backbone": "{backbone}"}),
-        pdf=FIGURE_GAP_BOUND + ".pdf",
+        pdf=f"{FIGURE_GAP_BOUND}.pdf",
     params:
         title=gap_bound_title,
     log:
@@ -222,9 +222,9 @@ rule figure_landscape:
     input:
         landscape_files,
     output:
-        png=report(FIGURE_LANDSCAPE + ".png", caption="../report/figure_landscape.rst", category="Figures",
+        png=report(f"{FIGURE_LANDSCAPE}.png", caption="../report/figure_landscape.rst", category="Figures",
                    subcategory="Loss landscapes (Figs. 4, 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
-        pdf=FIGURE_LANDSCAPE + ".pdf",
+        pdf=f"{FIGURE_LANDSCAPE}.pdf",
     params:
         title=landscape_title,
     log:
