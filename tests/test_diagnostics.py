@@ -119,3 +119,12 @@ def test_task_loss_is_the_evaluated_loss_and_its_gradient_is_the_modules(toy_bac
     for name, grad in zip(leaves, functional):
         assert torch.allclose(grad, network[name].grad, atol=1e-6), name
     assert hessian_max_eigenvalue(loss, params, iterations=50) > 0  # cross-entropy on a ReLU net: PSD part
+
+
+def test_long_loops_log_how_far_they_are_with_a_rate_and_an_eta():
+    import time
+
+    from dpmerge.runtime import progress
+
+    line = progress(2, 4, time.perf_counter() - 2.0)  # two of four tasks done in two seconds
+    assert line.startswith("2/4, 2.0s, 1.00/s, eta 2s"), line

@@ -82,6 +82,14 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+def progress(done: int, total: int, started: float) -> str:
+    """How far a long loop is: 'done/total, elapsed, rate and ETA', `started` from time.perf_counter()."""
+    elapsed = time.perf_counter() - started
+    rate = done / elapsed if elapsed > 0 else float("inf")
+    eta = (total - done) / rate if rate > 0 else float("inf")
+    return f"{done}/{total}, {elapsed:.1f}s, {rate:.2f}/s, eta {eta:.0f}s"
+
+
 def compute_line(what: str, seconds: float) -> str:
     """The log line that states a job's own work, apart from start-up, loading and writing; bench/startup.py
     sums these against the job's wall time."""

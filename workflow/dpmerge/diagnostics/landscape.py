@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from dpmerge.diagnostics.common import Loss, Parameters, TaskVector
+from dpmerge.runtime import progress
 
 
 def filter_normalized_direction(params: Parameters, seed: int) -> Parameters:
@@ -89,6 +91,7 @@ def loss_landscape(losses: dict[str, Loss], centre: Parameters, d1: Parameters, 
                              f"{sorted(set(direction) ^ set(centre))[:3]}")
     centre = {name: value.detach() for name, value in centre.items()}
     rows = []
+    started = time.perf_counter()
     for index, a in enumerate(coordinates_a):
         a = float(a)
         means = []
@@ -100,5 +103,6 @@ def loss_landscape(losses: dict[str, Loss], centre: Parameters, d1: Parameters, 
             rows.extend({"a": a, "b": b, "task": task, "loss": value} for task, value in values.items())
             rows.append({"a": a, "b": b, "task": "mean", "loss": means[-1]})
         if log is not None:
-            log(f"a = {a:+.4g} ({index + 1}/{len(coordinates_a)}): mean loss {min(means):.4g} to {max(means):.4g}")
+            log(f"a = {a:+.4g}: mean loss {min(means):.4g} to {max(means):.4g} "
+                f"({progress(index + 1, len(coordinates_a), started)} rows)")
     return rows

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 
-from dpmerge.runtime import compute_section
+from dpmerge.runtime import compute_section, progress
 from dpmerge.stages.common import (
     fixed_test_subsample,
     load_heads_and_data,
@@ -54,8 +54,9 @@ def interpolate(*, backbone_spec: dict, base: str, merged: str, task_vectors: li
     tasks = load_heads_and_data(heads, data)
     gammas = np.linspace(0.0, 1.0, points)
     rows = []
+    started = time.perf_counter()
     with compute_section("interpolation curves", log):
-        for vector, (head, meta, prepared) in zip(vectors, tasks):
+        for done, (vector, (head, meta, prepared)) in enumerate(zip(vectors, tasks), start=1):
             features, labels = fixed_test_subsample(prepared, max_examples)
             n = int(labels.shape[0])
             curve = interpolation_curve(
@@ -66,7 +67,7 @@ def interpolate(*, backbone_spec: dict, base: str, merged: str, task_vectors: li
             for point in curve:
                 rows.append({**release_identity(meta), "operator": merge_label(merged_meta),
                              "task": prepared["task"], **point, "barrier": barrier, "num_examples": n})
-            log(f"[interpolate] {prepared['task']}: barrier {barrier:.4f}")
+            log(f"[interpolate] {prepared['task']}: barrier {barrier:.4f} ({progress(done, len(tasks), started)})")
     write_parquet(rows, out)
 
 
@@ -87,8 +88,9 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
     vectors, _ = read_task_vectors(task_vectors)
     tasks = load_heads_and_data(heads, data)
     rows = []
+    started = time.perf_counter()
     with compute_section("sharpness, lambda_max and merge gap", log):
-        for vector, (head, meta, prepared) in zip(vectors, tasks):
+        for done, (vector, (head, meta, prepared)) in enumerate(zip(vectors, tasks), start=1):
             features, labels = fixed_test_subsample(prepared, max_examples)
             n = int(labels.shape[0])
             loss = task_loss(network, head, features, labels)
@@ -100,7 +102,7 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
                          "task": prepared["task"], "sharpness_rho": rho, "sharpness": sharpness, **gap,
                          "gammas": json.dumps(list(gammas)), "iterations": iterations, "num_examples": n})
             log(f"[curvature] {prepared['task']}: sharpness {sharpness:.4g}, lambda_max {gap['lambda_max_at_task']:.4g}, "
-                f"merge gap {gap['merge_gap']:.4g} <= bound {gap['bound']:.4g}")
+                f"merge gap {gap['merge_gap']:.4g} <= bound {gap['bound']:.4g} ({progress(done, len(tasks), started)})")
     write_parquet(rows, out)
 
 
@@ -205,11 +207,13 @@ def linearity(*, curvature: str, lambda_max, measured_on: set, backbone_spec: di
             params = task_model_weights(w0, vector)
             models.append((task, meta, task_loss(network, head, features, labels), params))
         rows = []
-        for (s, meta, loss_s, w_s), (t, _, loss_t, w_t) in itertools.combinations(models, 2):
+        pairs = list(itertools.combinations(models, 2))
+        started = time.perf_counter()
+        for done, ((s, meta, loss_s, w_s), (t, _, loss_t, w_t)) in enumerate(pairs, start=1):
             for point in joint_task_linearity(loss_s, loss_t, w_s, w_t, alphas, float(lambda_max[s]),
                                               float(lambda_max[t])):
                 rows.append({**release_identity(meta), "task_s": s, "task_t": t, **point})
             worst = max(rows[-len(alphas):], key=lambda r: abs(r["delta"]))
             log(f"[linearity] {s} / {t}: largest |delta| {abs(worst['delta']):.4g} at alpha {worst['alpha']:g}, "
-                f"bound {worst['bound']:.4g}")
+                f"bound {worst['bound']:.4g} ({progress(done, len(pairs), started)})")
     write_parquet(rows, out)
