@@ -242,8 +242,12 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
     atomic_write(path, write)
 
 
+def missing_privacy_fields(record: dict) -> list[str]:
+    return [field for field in PRIVACY_FIELDS if field not in record]
+
+
 def check_privacy_record(record: dict, where: str) -> None:
-    missing = [field for field in PRIVACY_FIELDS if field not in record]
+    missing = missing_privacy_fields(record)
     if missing:
         raise ValueError(f"{where}: privacy record lacks {', '.join(missing)}; refusing to release")
 

@@ -273,11 +273,10 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
             lines.append(f"| {row.path} | {row.kind} | {data} | {row.method} | {row.target_epsilon} | "
                          f"{row.task} | {row.examples} | {rate} | {sigma} | {total} |")
     lines += ["", "## Check", ""]
-    private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
-    if len(private):
-        gap = (private["independent_epsilon"] / private["spent_epsilon"].map(epsilon_value) - 1) * 100
-        lines += [f"Independent accountant (dp_accounting) on the {len(private)} private records: "
-                  f"{gap.min():+.3f} % to {gap.max():+.3f} % of the claimed epsilon.", ""]
+    check = ledger_check(ledger, problems, statistics)
+    if (gap := check["independent_gap_percent"]) is not None:
+        lines += [f"Independent accountant (dp_accounting) on the {check['private_releases']} private records: "
+                  f"{gap['min']:+.3f} % to {gap['max']:+.3f} % of the claimed epsilon.", ""]
     lines += [f"- FAIL: {p}" for p in problems] or [
         "- every record complete, keyed, within its budget, its epsilon recomputed from the record and not "
         "exceeded by an independent accountant: PASS"]

@@ -130,15 +130,14 @@ def check_distinct_paths(paths: list[str], allow_single: bool) -> None:
 def merge_records(paths: list[str], require_privacy_record: bool) -> tuple[list[dict], bool]:
     """Each vector's metadata and whether all of them are releases (full privacy records), checked as such:
     within budget, one vector per task. Without records (unless required) the merge goes on, warned."""
-    from dpmerge.artifacts import PRIVACY_FIELDS, read_metadata
+    from dpmerge.artifacts import check_privacy_record, missing_privacy_fields, read_metadata
     from dpmerge.epsilon import epsilon_value
-    from dpmerge.privacy.release import checked_release_records
 
+    metas = [read_metadata(path) for path in paths]
     if require_privacy_record:
-        metas = checked_release_records(paths)
-    else:
-        metas = [read_metadata(path) for path in paths]
-    missing = {path: [f for f in PRIVACY_FIELDS if f not in meta] for path, meta in zip(paths, metas)}
+        for path, meta in zip(paths, metas):
+            check_privacy_record(meta, path)
+    missing = {path: missing_privacy_fields(meta) for path, meta in zip(paths, metas)}
     lacking = [(path, fields) for path, fields in missing.items() if fields]
     for path, meta in zip(paths, metas):
         if missing[path]:
