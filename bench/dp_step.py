@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dpmerge import runtime
+from dpmerge.cli_arguments import DescribedDefaultsShown
 from dpmerge.models.base import Backbone, TaskModel
 from dpmerge.models.reference_shapes import roberta_base_shaped, vit_b32_shaped
 from dpmerge.models.registry import load_backbone
@@ -99,12 +100,14 @@ MODELS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--strategies", nargs="+", default=["functorch", "hooks", "bookkeeping", "opacus_ghost"])
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=DescribedDefaultsShown)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
+                        help="models to time")
+    parser.add_argument("--strategies", nargs="+", default=["functorch", "hooks", "bookkeeping", "opacus_ghost"],
+                        help="per-example gradient strategies to time")
+    parser.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per configuration, after one warm-up")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"batch {args.batch_size}, {args.repeats} repeats (after one warm-up), {args.threads} thread(s); "

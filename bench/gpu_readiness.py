@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from dpmerge import runtime
+from dpmerge.cli_arguments import DescribedDefaultsShown
 
 
 def build_backbone(model: str, directory: Path, device: str, precision: str):
@@ -42,16 +43,16 @@ def build_backbone(model: str, directory: Path, device: str, precision: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=DescribedDefaultsShown)
     parser.add_argument("--model", default="ViT-B-32", help="ViT-B-32, ViT-B-16, ViT-L-14, or tiny")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default="cuda", help="torch device")
     parser.add_argument("--steps", type=int, default=200, help="DP steps per measured run")
     parser.add_argument("--batch-size", type=int, default=16, help="expected Poisson batch size (paper: 16)")
     parser.add_argument("--examples", type=int, default=2000, help="synthetic training examples")
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
-    parser.add_argument("--methods", nargs="+", default=["nonprivate", "naive_dp", "dp_merging"])
-    parser.add_argument("--out", default="gpu_readiness.json")
+    parser.add_argument("--classes", type=int, default=10, help="classes of the synthetic task")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="precisions to time")
+    parser.add_argument("--methods", nargs="+", default=["nonprivate", "naive_dp", "dp_merging"], help="methods to time")
+    parser.add_argument("--out", default="gpu_readiness.json", help="JSON file of the measurements")
     args = parser.parse_args()
 
     from dpmerge.training.finetune import FinetuneConfig, finetune

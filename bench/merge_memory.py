@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from dpmerge.cli_arguments import DescribedDefaultsShown
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -140,9 +142,10 @@ def write_statistics(workdir: Path, shapes: dict, tasks: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", type=int, default=8)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/dpmerge-merge-bench"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=DescribedDefaultsShown)
+    parser.add_argument("--tasks", type=int, default=8, help="task vectors merged")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/dpmerge-merge-bench"),
+                        help="where the inputs and merged models are written")
     parser.add_argument("--operators", nargs="+", default=None,
                         help="operators to time (default: all registered, then ties@difference); "
                              "NAME@difference merges difference vectors")

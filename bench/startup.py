@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from dpmerge.cli_arguments import DescribedDefaultsShown
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPUTE = re.compile(r"^\[compute\] .*: ([0-9.]+) s$", re.MULTILINE)
 MODES = {"off": "0", "on": "1"}
@@ -74,7 +76,7 @@ def overhead(jobs: list[tuple[float, float]]) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=DescribedDefaultsShown)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dpmerge-startup-bench"),
                         help="where both runs write (default: %(default)s)")
     parser.add_argument("--cores", type=int, default=2, help="snakemake --cores (default: %(default)s)")

@@ -1,8 +1,10 @@
 """The dpmerge command line: --help everywhere, merge on real files, clear errors on bad input."""
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +21,6 @@ def run_cli(*args):
 
 def test_version_is_the_installed_distributions():
     import tomllib
-    from pathlib import Path
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     result = run_cli("--version")
@@ -34,6 +35,39 @@ def test_every_command_has_help(capsys):
             main([command, "--help"])
         assert stop.value.code == 0, command
         assert "usage: dpmerge " + command in capsys.readouterr().out
+
+
+def _flags_without_default(help_text: str, flags: list[str]) -> list[str]:
+    silent = []
+    for flag in flags:
+        # the flag's block: from its line to the next line that starts another option
+        block = re.search(rf"^  (?:-\w, )?{re.escape(flag)}\b.*?(?=^  -|\Z)", help_text, re.M | re.S)
+        if block is None or "default" not in block.group(0):
+            silent.append(flag)
+    return silent
+
+
+def test_every_optional_flag_shows_its_default():
+    import argparse
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    silent = []
+    for command, subparser in commands.items():
+        optional = [a.option_strings[-1] for a in subparser._actions
+                    if a.option_strings and not a.required and not isinstance(a, argparse._HelpAction)]
+        silent += [f"{command} {flag}" for flag in _flags_without_default(subparser.format_help(), optional)]
+    assert not silent, silent
+
+
+@pytest.mark.parametrize("script", ["dp_step.py", "gpu_readiness.py", "merge_memory.py", "startup.py"])
+def test_every_benchmark_flag_shows_its_default(script):
+    path = Path(__file__).parents[1] / "bench" / script
+    result = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(path.parents[1] / "workflow")})
+    assert result.returncode == 0, result.stderr
+    flags = [f for f in re.findall(r"^  (?:-\w, )?(--[\w-]+)", result.stdout, re.M) if f != "--help"]
+    assert flags and not _flags_without_default(result.stdout, flags)
 
 
 @pytest.mark.parametrize("label,hparams,message", [

@@ -31,11 +31,35 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Every optional flag's help ends with its default, so `--help` alone tells what a bare call does."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
+                or "default" in text.lower()):
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            shown = "on" if action.default else "off"
+        elif action.default is None or action.default == []:
+            shown = "none"
+        elif action.default == "":
+            shown = "empty"
+        else:
+            shown = "%(default)s"
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+class DescribedDefaultsShown(argparse.RawDescriptionHelpFormatter, DefaultsShown):
+    """The benchmarks' help: their module docstring verbatim, then every flag with its default."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dpmerge.catalog import OPERATOR_SPECS
 
     parser = argparse.ArgumentParser(
         prog="dpmerge",
+        formatter_class=DefaultsShown,
         description="Differentially private fine-tuning, task vectors and data-free merging (DP-Merging).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -46,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
 
     def add(name, help_text):
-        return sub.add_parser(name, help=help_text, description=help_text)
+        return sub.add_parser(name, help=help_text, description=help_text, formatter_class=DefaultsShown)
 
     spec_help = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0", "trainable_blocks": 1}\''
 
@@ -54,10 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--task", required=True, help="task name (see dpmerge.data.registry.TASKS)")
-    p.add_argument("--max-train", type=int, default=None, help="cap on training examples (seeded subset; 0 = no cap)")
-    p.add_argument("--max-test", type=int, default=None, help="cap on test examples (seeded subset; 0 = no cap)")
+    p.add_argument("--max-train", type=int, default=0, help="cap on training examples (seeded subset; 0 = no cap)")
+    p.add_argument("--max-test", type=int, default=0, help="cap on test examples (seeded subset; 0 = no cap)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the seeded subsets (the train/test split itself is fixed per task)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", required=True, help="output .pt file")
 
     p.add_argument("--data-dir", default=None,
@@ -72,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone", required=True)
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare' (for the class names)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", required=True, help="output .safetensors")
 
     p = add("prepare-data",
@@ -84,10 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
             "Write a tiny random CLIP and RoBERTa and tiny copies of the 16 paper datasets in their real formats.")
     p.add_argument("--out", required=True, help="directory; gets clip/, roberta/ and data/")
     p.add_argument("--vision-classes", type=int, default=3, help="classes per stand-in vision dataset")
-    p.add_argument("--train-per-class", type=int, default=24)
-    p.add_argument("--test-per-class", type=int, default=8)
+    p.add_argument("--train-per-class", type=int, default=24, help="training examples per class of each stand-in dataset")
+    p.add_argument("--test-per-class", type=int, default=8, help="test examples per class of each stand-in dataset")
     p.add_argument("--image-size", type=int, default=40, help="side of the stand-in images (before resizing)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the stand-ins' random weights and images")
 
     p = add("pretrained", "Save the pretrained weights w0 of the trainable (merged) parameters.")
     p.add_argument("--backbone", required=True)
@@ -102,17 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor; a sensitivity run's label such as "
                         "dp_merging-rho0.1 or dp_merging-lambda0.5 must match the value in --hparams")
     p.add_argument("--epsilon", type=float, default=None,
-                   help="target epsilon (delta = 1/N unless --hparams gives delta <= 1/N)")
+                   help="target epsilon (delta = 1/N unless --hparams gives delta <= 1/N); required by every private "
+                        "method, omitted for nonprivate")
     p.add_argument("--seed", type=int, default=0,
                    help="repetition index, recorded in the release (default 0); the randomness comes from the "
                         "study key, not from this number")
     p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
     p.add_argument("--hparams", default="{}",
                    help="JSON of FinetuneConfig fields (epochs, batch_size, lr, neighbouring, rng, ...)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out-vector", required=True, help="task vector .safetensors")
     p.add_argument("--out-head", required=True, help="task head .safetensors")
-    p.add_argument("--checkpoint", help="resumable state file, kept outside the outputs (removed when done)")
+    p.add_argument("--checkpoint", help="resumable state file, kept outside the outputs (removed when done); without one a killed job starts over")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     # nargs="?": the workflow passes the flag with an empty value for backbones that train their heads
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
@@ -158,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-vectors", nargs="+", required=True)
     p.add_argument("--heads", nargs="+", required=True)
     p.add_argument("--data", nargs="+", required=True, help="prepared task files, one per task vector")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
 
     p = add("evaluate", "Score every individual (w0 + tau_t) or merged model on every task's test set.")
@@ -170,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="individual evaluation: each task model on its own task only (default: on every task)")
     p.add_argument("--heads", nargs="+", required=True, help="task heads, one per task")
     p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order as --heads")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="output .parquet")
 
     p = add("drift", "Reference drift ||w_t - w0|| / ||w0|| per task vector (paper Fig. 3b).")
@@ -192,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="points strictly inside (0, 1) of the segment between two task models (default 0.25 0.5 0.75)")
     p.add_argument("--max-examples", type=int, default=64,
                    help="seeded test subsample per task; must match the curvature file's (default 64)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="output .parquet")
 
     p = add("curvature",
@@ -211,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="points of the segment w_t -> w_merge where lambda_max is measured for beta_t "
                         "(first must be 0; default 0 0.5 1)")
     p.add_argument("--max-examples", type=int, default=64, help="seeded test subsample per task (default 64)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="output Parquet, one row per task")
 
     p = add("interpolate", "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
@@ -223,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="+", required=True)
     p.add_argument("--points", type=int, default=11, help="number of gamma values in [0, 1]")
     p.add_argument("--max-examples", type=int, default=200, help="seeded test subsample per task")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True)
 
     p = add("landscape",
