@@ -132,6 +132,22 @@ def test_merge_command_writes_w0_plus_merged_vector_with_provenance(released):
     assert meta["merge_name"] == "task_arithmetic" and meta["vectors"] == "task"
 
 
+def test_a_merge_logs_its_progress_over_tensors_with_rate_and_eta(released, capsys):
+    folder, _, _, paths = released
+    main(["merge", "--method", "wudi", "--param", "iterations=3", "--base", str(folder / "w0.safetensors"),
+          "-o", str(folder / "merged.safetensors"), *paths])
+    # two tensors: the last one is always logged, whatever the interval
+    assert re.search(r"^\[merge\] wudi: tensor 2/2, [0-9.]+s, [0-9.]+/s, eta 0s$", capsys.readouterr().out, re.M)
+
+
+def test_merge_progress_counts_shared_tensors_and_passes_every_item_through(capsys):
+    from dpmerge.stages.merge import logged_tensors
+
+    items = [("a", 1), ("personal/0/mask/a", 2), ("b", 3)]
+    assert list(logged_tensors(iter(items), 2, "emr", every_seconds=0)) == items
+    assert re.findall(r"tensor (\d/\d)", capsys.readouterr().out) == ["1/2", "2/2"]
+
+
 def test_merge_command_merges_difference_vectors_around_the_average(released):
     folder, base, vectors, paths = released
     out = folder / "merged.safetensors"

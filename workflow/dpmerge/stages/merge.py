@@ -75,6 +75,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         (key, merged if is_part(key) else model_tensor(key, merged))
         for key, merged in merge_stream(operator, source, vectors, **params)
     )
+    merged_model = logged_tensors(merged_model, len(source.keys()), operator)
     name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
     hyper = {**OPERATORS[operator].defaults, **params}  # merge_stream has refused unknown ones
     inputs = distinct_inputs(task_vectors)
@@ -112,6 +113,28 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         write_tensors_streaming(out, layout, merged_model, meta)  # a failure midway leaves no file
     log(f"[merge] {name}: {operator} {hyper} of {vectors} vectors over {len(metas)} task vectors "
         f"(streamed) -> {out}")
+
+
+def logged_tensors(items, total: int, operator: str, every_seconds: float = 10.0):
+    """Pass (key, tensor) pairs through, logging how many of the `total` shared tensors are merged, with a rate and
+    an ETA, at most every `every_seconds` and at the last one: iterative operators (WUDI's Adam per matrix) take
+    minutes on a CLIP tower, and a silent job looks hung."""
+    import time
+
+    from dpmerge.merge.registry import is_part
+    from dpmerge.runtime import progress
+
+    started = last = time.perf_counter()
+    done = 0
+    for key, tensor in items:
+        yield key, tensor
+        if is_part(key):
+            continue
+        done += 1
+        now = time.perf_counter()
+        if done == total or now - last >= every_seconds:
+            log(f"[merge] {operator}: tensor {progress(done, total, started)}")
+            last = now
 
 
 def check_distinct_paths(paths: list[str], allow_single: bool) -> None:
