@@ -9,7 +9,7 @@ import torch
 
 from conftest import flat, unflat
 from dpmerge import cli
-from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors
+from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors, tensors_sha256
 from dpmerge.diagnostics.landscape import filter_normalized_direction, loss_landscape, task_vector_plane
 from dpmerge.models.evaluation import evaluate_head
 from dpmerge.report.figures import plot_landscape
@@ -139,12 +139,13 @@ def merged_toy(tmp_path, toy_backbone, toy_data, monkeypatch):
     features, labels = toy_data
     base = toy_backbone.top_state()
     save_tensors(tmp_path / "w0.safetensors", base, {"pretrained_sha256": "abc"})
+    w0_sha256 = tensors_sha256(base)
     generator = torch.Generator().manual_seed(11)
     vectors, files = [], {"task-vectors": [], "heads": [], "data": []}
     for index, task in enumerate(("alpha", "beta")):
         vector = {name: 0.1 * torch.randn(value.shape, generator=generator) for name, value in base.items()}
         head = {"weight": torch.randn(3, 6, generator=generator), "bias": torch.zeros(3)}
-        save_released(tmp_path / f"{task}.tv.safetensors", vector, record(task))
+        save_released(tmp_path / f"{task}.tv.safetensors", vector, {**record(task), "w0_sha256": w0_sha256})
         save_tensors(tmp_path / f"{task}.head.safetensors", head, record(task))
         torch.save({"task": task, "task_spec": {"metric": "accuracy", "num_classes": 3},
                     "test_features": [f[index::2] for f in features], "test_labels": labels[index::2]},
@@ -154,7 +155,8 @@ def merged_toy(tmp_path, toy_backbone, toy_data, monkeypatch):
             files[flag].append(str(tmp_path / f"{task}.{suffix}"))
     merged = {name: base[name] + 0.5 * (vectors[0][name] + vectors[1][name]) for name in base}
     save_tensors(tmp_path / "merged.safetensors", merged, {"operator": "task_arithmetic",
-                                                           "merge_name": "task_arithmetic"})
+                                                           "merge_name": "task_arithmetic",
+                                                           "base": {"sha256": w0_sha256}})
     args = ["--backbone-spec", '{"kind": "toy"}', "--base", str(tmp_path / "w0.safetensors"),
             "--merged", str(tmp_path / "merged.safetensors")]
     for flag, paths in files.items():
@@ -232,3 +234,63 @@ def test_plot_landscape_writes_png_and_pdf_for_two_methods(tmp_path):
         plot_landscape(frames, out, "Loss landscapes, eps = 4")
         assert out.stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["landscape.pdf", "landscape.png"]
+
+
+def _command_args(command, folder, args):
+    """The fixture's flags as `command` takes them: evaluate scores the merged model or the vectors, never both."""
+    flags, current = {}, None
+    for item in args:
+        if item.startswith("--"):
+            current = item
+            flags[current] = []
+        else:
+            flags[current].append(item)
+    keep = {"drift": ["--base", "--task-vectors"],
+            "evaluate-merged": ["--backbone-spec", "--base", "--merged", "--heads", "--data"],
+            "evaluate-individual": ["--backbone-spec", "--base", "--task-vectors", "--heads", "--data"]}
+    keep["statistics"] = ["--backbone-spec", "--base", "--task-vectors", "--heads", "--data"]
+    chosen = keep.get(command, list(flags))
+    out = [command.split("-")[0]]
+    if command == "statistics":
+        out += ["--kind", "gram", "--source", "public", "--public-data", flags["--data"][0]]
+    for flag in chosen:
+        out += [flag, *flags[flag]]
+    return out + ["-o", str(folder / f"{command}.parquet")]
+
+
+@pytest.mark.parametrize("command,message", [
+    ("drift", "is not the w0 .* was trained from"),
+    ("evaluate-individual", "is not the w0 .* was trained from"),
+    ("evaluate-merged", "was merged on another base than"),
+    ("interpolate", "is not the w0 .* was trained from"),
+    ("curvature", "is not the w0 .* was trained from"),
+    ("landscape", "was merged on another base than"),
+    ("statistics", "is not the w0 .* was trained from"),
+])
+def test_evaluation_and_diagnostics_refuse_a_base_that_is_not_the_w0_of_their_inputs(merged_toy, command, message):
+    folder, args, base, *_ = merged_toy
+    # the same label and structure as the real w0, other weights: only the content hash can tell
+    forged = {name: value + 1e-3 for name, value in base.items()}
+    save_tensors(folder / "w0.safetensors", forged, {"pretrained_sha256": "abc"})
+    with pytest.raises(SystemExit, match=message):
+        cli.main(_command_args(command, folder, args))
+    assert not (folder / f"{command}.parquet").exists()
+
+
+def test_a_base_holding_nan_is_refused_before_anything_is_scored(merged_toy):
+    folder, args, base, *_ = merged_toy
+    poisoned = dict(base)
+    name = next(iter(poisoned))
+    poisoned[name] = poisoned[name].clone().view(-1)
+    poisoned[name][0] = float("nan")
+    save_tensors(folder / "w0.safetensors", {**base, name: poisoned[name].view(base[name].shape)},
+                 {"pretrained_sha256": "abc"})
+    with pytest.raises(SystemExit, match=f"tensor '{name}' contains NaN or Inf"):
+        cli.main(_command_args("evaluate-merged", folder, args))
+
+
+def test_the_real_w0_passes_every_check(merged_toy):
+    folder, args, *_ = merged_toy
+    for command in ("drift", "evaluate-individual", "evaluate-merged"):
+        cli.main(_command_args(command, folder, args))
+        assert (folder / f"{command}.parquet").is_file()

@@ -35,6 +35,72 @@ def read_task_vectors(paths: list[str]) -> tuple[list[dict], list[dict]]:
     return vectors, metas
 
 
+def check_w0_labels(path: str, w0_meta: dict, metas: list[dict], vector_paths: list[str], strict: bool) -> None:
+    """Refuse task vectors whose `pretrained_sha256` label differs from w0's (not `strict`: only where both
+    sides have one). The label names the backbone checkpoint, which w0 cannot be hashed back to; the weights
+    themselves are compared by `check_w0_content`."""
+    label = w0_meta.get("pretrained_sha256")
+    for meta, vector_path in zip(metas, vector_paths):
+        claimed = meta.get("pretrained_sha256")
+        if (strict or (label is not None and claimed is not None)) and label != claimed:
+            raise ValueError(f"{vector_path} was trained from other pretrained weights than {path}: the vector "
+                             f"records pretrained_sha256 {claimed!r}, {path} records {label!r}")
+
+
+def check_w0_content(path: str, w0_meta: dict, content: str, metas: list[dict], vector_paths: list[str],
+                     strict: bool) -> None:
+    """Refuse a w0 whose content hash `content` (artifacts.tensors_sha256) is not the `w0_sha256` it was
+    written with, or not the one each task vector records for the w0 it was trained from. Not `strict`
+    (vectors from anyone): a vector recording no hash passes with a warning; `strict`, it is refused."""
+    written = w0_meta.get("w0_sha256")
+    if written is not None and written != content:
+        raise ValueError(f"{path}: its tensors hash to {content[:16]}..., not to the w0_sha256 {str(written)[:16]}... "
+                         "it was written with: the file changed since 'dpmerge pretrained' wrote it")
+    unchecked = []
+    for meta, vector_path in zip(metas, vector_paths):
+        recorded = meta.get("w0_sha256")
+        if recorded is None and not strict:
+            unchecked.append(vector_path)
+            continue
+        if recorded is None:
+            raise ValueError(f"{vector_path} records no w0_sha256, the content hash of the w0 it was trained from "
+                             f"(vectors released before 'dpmerge finetune' recorded it lack it), so {path} cannot be "
+                             "checked against it: fine-tune it again")
+        if recorded != content:
+            raise ValueError(f"{path} is not the w0 {vector_path} was trained from: its tensors hash to "
+                             f"{content[:16]}..., the vector records w0_sha256 {str(recorded)[:16]}...")
+    if unchecked:
+        more = ", ..." if len(unchecked) > 1 else ""
+        warn(f"{len(unchecked)} task vector(s) record no w0_sha256 ({unchecked[0]}{more}): nothing checks that "
+             f"{path} is the w0 they were trained from")
+
+
+def checked_w0(path: str, metas: list[dict] = (), vector_paths: list[str] = (), merged_meta: dict | None = None,
+               merged_path: str | None = None) -> dict[str, torch.Tensor]:
+    """w0's tensors, loaded once and checked as the merge checks its base (stages/merge.checked_base): finite,
+    the weights it was written as, the w0 every released vector (`metas`, from `vector_paths`) was trained
+    from, and the base the merged model (`merged_meta`, from `merged_path`) was built on. The evaluation and
+    diagnostics read w0 to rebuild w0 + tau: a wrong one would score a model no one released."""
+    from dpmerge.artifacts import load_tensors, tensors_sha256
+
+    w0, w0_meta = load_tensors(path)
+    for key, value in w0.items():
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise ValueError(f"{path}: tensor {key!r} contains NaN or Inf")
+    check_w0_labels(path, w0_meta, metas, vector_paths, strict=True)
+    content = tensors_sha256(w0)
+    check_w0_content(path, w0_meta, content, metas, vector_paths, strict=True)
+    if merged_meta is not None:
+        built_on = (merged_meta.get("base") or {}).get("sha256")
+        if built_on is None:
+            raise ValueError(f"{merged_path} records no base hash, so nothing says it was built on {path}: "
+                             "merge it again with this version of 'dpmerge merge'")
+        if built_on != content:
+            raise ValueError(f"{merged_path} was merged on another base than {path}: it records base sha256 "
+                             f"{built_on[:16]}..., {path}'s tensors hash to {content[:16]}...")
+    return w0
+
+
 def load_heads_and_data(heads: list[str], data: list[str]) -> list[tuple[dict, dict, dict]]:
     """(head, head metadata, prepared task) per task, refusing a head of another task than its data."""
     from dpmerge.artifacts import load_prepared, load_tensors

@@ -14,6 +14,7 @@ import time
 
 from dpmerge.runtime import compute_section, progress
 from dpmerge.stages.common import (
+    checked_w0,
     fixed_test_subsample,
     load_heads_and_data,
     log,
@@ -26,11 +27,10 @@ from dpmerge.stages.common import (
 
 def drift(*, base: str, task_vectors: list[str], out: str) -> None:
     """Reference drift ||w_t - w0|| / ||w0|| per task vector and its mean."""
-    from dpmerge.artifacts import load_tensors
     from dpmerge.diagnostics.drift import reference_drift
 
-    w0, _ = load_tensors(base)
     vectors, metas = read_task_vectors(task_vectors)
+    w0 = checked_w0(base, metas, task_vectors)
     mean, per_task = reference_drift(w0, vectors)
     rows = [{**release_identity(m), "task": m["task"], "drift": d, "mean_drift": mean} for m, d in zip(metas, per_task)]
     write_parquet(rows, out)
@@ -47,10 +47,10 @@ def interpolate(*, backbone_spec: dict, base: str, merged: str, task_vectors: li
     from dpmerge.models.spec import backbone_from_spec
 
     network = backbone_from_spec(backbone_spec)
-    w0, _ = load_tensors(base)
     model, merged_meta = load_tensors(merged)
+    vectors, metas = read_task_vectors(task_vectors)
+    w0 = checked_w0(base, metas, task_vectors, merged_meta, merged)
     merged_vector = {name: model[name] - w0[name] for name in w0}
-    vectors, _ = read_task_vectors(task_vectors)
     tasks = load_heads_and_data(heads, data)
     gammas = np.linspace(0.0, 1.0, points)
     rows = []
@@ -83,9 +83,9 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
     from dpmerge.models.spec import backbone_from_spec
 
     network = backbone_from_spec(backbone_spec)
-    w0, _ = load_tensors(base)
     model, merged_meta = load_tensors(merged)
-    vectors, _ = read_task_vectors(task_vectors)
+    vectors, metas = read_task_vectors(task_vectors)
+    w0 = checked_w0(base, metas, task_vectors, merged_meta, merged)
     tasks = load_heads_and_data(heads, data)
     rows = []
     started = time.perf_counter()
@@ -124,8 +124,8 @@ def landscape(*, backbone_spec: dict, base: str, merged: str, heads: list[str], 
 
     started = time.time()
     network = backbone_from_spec(backbone_spec)
-    w0, _ = load_tensors(base)
     model, merged_meta = load_tensors(merged)
+    w0 = checked_w0(base, merged_meta=merged_meta, merged_path=merged)
     if missing := sorted(set(w0) - set(model)):
         raise ValueError(f"--merged {merged} lacks tensors of --base: {missing[:3]}")
     centre = {name: model[name] for name in w0}
@@ -182,15 +182,14 @@ def linearity(*, curvature: str, lambda_max, measured_on: set, backbone_spec: di
     and subsample sizes `measured_on` that curvature_lambdas read from the file `curvature`."""
     import itertools
 
-    from dpmerge.artifacts import load_tensors
     from dpmerge.diagnostics.common import task_loss
     from dpmerge.diagnostics.linearity import joint_task_linearity
     from dpmerge.models.base import task_model_weights
     from dpmerge.models.spec import backbone_from_spec
 
     network = backbone_from_spec(backbone_spec)
-    w0, _ = load_tensors(base)
-    vectors, _ = read_task_vectors(task_vectors)
+    vectors, metas = read_task_vectors(task_vectors)
+    w0 = checked_w0(base, metas, task_vectors)
     tasks = load_heads_and_data(heads, data)
     if len(tasks) < 2:
         raise ValueError("joint-task linearity needs two or more tasks")

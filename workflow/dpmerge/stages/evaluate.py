@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dpmerge.runtime import compute_section
 from dpmerge.stages.common import (
+    checked_w0,
     load_heads_and_data,
     log,
     merge_label,
@@ -25,13 +26,18 @@ def evaluate(*, backbone_spec: dict, base: str, heads: list[str], data: list[str
     from dpmerge.models.spec import backbone_from_spec
 
     network = backbone_from_spec(backbone_spec)
-    w0, _ = load_tensors(base)
     tasks = load_heads_and_data(heads, data)
     if not merged and len(task_vectors or []) != len(tasks):
         raise ValueError("individual evaluation needs one --task-vectors file per --heads file")
+    if merged:
+        model, merged_meta = load_tensors(merged)
+        w0 = checked_w0(base, merged_meta=merged_meta, merged_path=merged)
+    else:
+        vectors, metas = read_task_vectors(task_vectors)
+        w0 = checked_w0(base, metas, task_vectors)
     with compute_section("evaluation", log):
-        rows = (_merged_rows(network, w0, tasks, merged) if merged
-                else _individual_rows(network, w0, tasks, task_vectors, own_task_only))
+        rows = (_merged_rows(network, w0, tasks, model, merged_meta) if merged
+                else _individual_rows(network, w0, tasks, vectors, metas, own_task_only))
     write_parquet(rows, out)
 
 
@@ -47,12 +53,12 @@ def _score(network, head, meta: dict, prepared: dict, model_label: str, source_t
             **result}
 
 
-def _individual_rows(network, w0: dict, tasks: list, task_vectors: list[str], own_task_only: bool) -> list[dict]:
+def _individual_rows(network, w0: dict, tasks: list, vectors: list[dict], metas: list[dict],
+                     own_task_only: bool) -> list[dict]:
     # Every task model on every task (with that task's head): the diagonal is the "DP Individual" score,
     # the off-diagonal shows how far one task's encoder serves the others.
     from dpmerge.models.base import task_model_weights
 
-    vectors, metas = read_task_vectors(task_vectors)
     rows = []
     for vector, vector_meta in zip(vectors, metas):
         network.load_top_state(task_model_weights(w0, vector))
@@ -63,11 +69,9 @@ def _individual_rows(network, w0: dict, tasks: list, task_vectors: list[str], ow
     return rows
 
 
-def _merged_rows(network, w0: dict, tasks: list, merged: str) -> list[dict]:
-    from dpmerge.artifacts import load_tensors
+def _merged_rows(network, w0: dict, tasks: list, model: dict, merged_meta: dict) -> list[dict]:
     from dpmerge.merge.registry import is_personalized
 
-    model, merged_meta = load_tensors(merged)
     label = merge_label(merged_meta)
     if is_personalized(merged_meta["operator"]):
         return _personalized_rows(network, w0, tasks, model, merged_meta, label)

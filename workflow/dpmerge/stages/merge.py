@@ -10,7 +10,15 @@ from pathlib import Path
 import torch
 
 from dpmerge.runtime import compute_section
-from dpmerge.stages.common import log, read_task_vectors, release_identity, warn
+from dpmerge.stages.common import (
+    check_w0_content,
+    check_w0_labels,
+    checked_w0,
+    log,
+    read_task_vectors,
+    release_identity,
+    warn,
+)
 
 
 def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vectors: str = "task",
@@ -218,34 +226,9 @@ def checked_base(path: str, metas: list[dict], vector_paths: list[str], strict: 
     from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256
 
     w0 = SafetensorsFile(path)
-    label = w0.metadata.get("pretrained_sha256")
-    for meta, vector_path in zip(metas, vector_paths):
-        claimed = meta.get("pretrained_sha256")
-        if (strict or (label is not None and claimed is not None)) and label != claimed:
-            raise ValueError(f"{vector_path} was trained from other pretrained weights than {path}: the vector "
-                             f"records pretrained_sha256 {claimed!r}, {path} records {label!r}")
+    check_w0_labels(path, w0.metadata, metas, vector_paths, strict)
     content = file_tensors_sha256(path, finite=True)
-    written = w0.metadata.get("w0_sha256")
-    if written is not None and written != content:
-        raise ValueError(f"{path}: its tensors hash to {content[:16]}..., not to the w0_sha256 {str(written)[:16]}... "
-                         "it was written with: the file changed since 'dpmerge pretrained' wrote it")
-    unchecked = []
-    for meta, vector_path in zip(metas, vector_paths):
-        recorded = meta.get("w0_sha256")
-        if recorded is None and not strict:
-            unchecked.append(vector_path)
-            continue
-        if recorded is None:
-            raise ValueError(f"{vector_path} records no w0_sha256, the content hash of the w0 it was trained from "
-                             f"(vectors released before 'dpmerge finetune' recorded it lack it), so {path} cannot be "
-                             "checked against it: fine-tune it again")
-        if recorded != content:
-            raise ValueError(f"{path} is not the w0 {vector_path} was trained from: its tensors hash to "
-                             f"{content[:16]}..., the vector records w0_sha256 {str(recorded)[:16]}...")
-    if unchecked:
-        more = ", ..." if len(unchecked) > 1 else ""
-        warn(f"{len(unchecked)} task vector(s) record no w0_sha256 ({unchecked[0]}{more}): nothing checks that "
-             f"{path} is the w0 they were trained from")
+    check_w0_content(path, w0.metadata, content, metas, vector_paths, strict)
     return w0, content
 
 
@@ -294,8 +277,7 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
 
     network = backbone_from_spec(backbone_spec)
     vectors, metas = read_task_vectors(task_vectors)
-    checked_base(base, metas, task_vectors)
-    w0, _ = load_tensors(base)
+    w0 = checked_w0(base, metas, task_vectors)  # one read: checked and kept
     key = None
     if source == "private":
         try:
