@@ -284,3 +284,26 @@ def test_ledger_budgets_are_floats_with_infinity_for_the_reference():
     assert table["target_epsilon"].iloc[0] == 4.0 and (table["target_epsilon"] == 4).sum() == 1
     assert table["target_epsilon"].iloc[1] == float("inf") and table["spent_epsilon"].iloc[1] == float("inf")
     assert table["target_epsilon"].isna().iloc[2]  # an incomplete record: nothing recorded, not infinity
+
+
+def test_the_ledger_accounts_each_distinct_mechanism_once_and_never_lends_one_records_epsilon_to_another(
+        monkeypatch):
+    from dpmerge.privacy import ledger as ledger_module
+    from dpmerge.privacy.ledger import check_ledger
+
+    calls = []
+    real = ledger_module.independent_epsilon
+    monkeypatch.setattr(ledger_module, "independent_epsilon", lambda record: calls.append(record) or real(record))
+    path, record = release("a")
+    weaker = {**record, "noise_multiplier": 0.8 * record["noise_multiplier"]}
+    later = {**record, "steps_by_queries": {"2": 41}}  # one step more than it claims to have spent on
+    table = ledger(release("a", seed=0), release("a", seed=1, backbone="c"), release("a", seed=2, backbone="d"),
+                   ("weaker.safetensors", weaker), ("later.safetensors", later))
+    assert len(calls) == 3  # the three seeds share one mechanism; the other two are accounted on their own
+    assert table["independent_epsilon"].iloc[:3].nunique() == 1
+    assert table["independent_epsilon"].iloc[3] > table["independent_epsilon"].iloc[0]
+    assert table["recomputed_epsilon"].iloc[4] > table["recomputed_epsilon"].iloc[0]
+    problems = check_ledger(table)
+    assert any(p.startswith("weaker.safetensors") for p in problems)
+    assert any(p.startswith("later.safetensors") for p in problems)
+    assert not any(p.startswith(release("a")[0]) for p in problems)

@@ -86,9 +86,15 @@ def build_ledger(paths: list[str]) -> pd.DataFrame:
     return ledger_of_records([(path, read_metadata(path)) for path in paths])
 
 
+# Everything record_epsilon and independent_epsilon read from a record. Releases that agree on these (a study's
+# seeds, at one task's N) spend the same epsilon, so each distinct mechanism is accounted once, not per release.
+ACCOUNTING_FIELDS = ("noise_multiplier", "sample_rate", "steps_by_queries", "neighbouring", "accountant", "delta")
+
+
 def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
     """One row per (path, release metadata)."""
     rows = []
+    accounted: dict[str, tuple[float, float]] = {}
     for path, meta in records:
         row = {"path": str(path), "task": meta.get("task"), "backbone": meta.get("backbone")}
         for field in PRIVACY_FIELDS:
@@ -102,8 +108,13 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
         private = row["record_complete"] and _is_private(meta.get("method"))
         # The accountant's view of the release, from its record alone (the ledger recomputes, never trusts).
         row["mechanisms"] = json.dumps(record_mechanisms(meta)) if private else "[]"
-        row["recomputed_epsilon"] = record_epsilon(meta) if private else math.inf
-        row["independent_epsilon"] = independent_epsilon(meta) if private else math.inf
+        if private:
+            key = json.dumps({field: meta[field] for field in ACCOUNTING_FIELDS}, sort_keys=True)
+            if key not in accounted:
+                accounted[key] = (record_epsilon(meta), independent_epsilon(meta))
+            row["recomputed_epsilon"], row["independent_epsilon"] = accounted[key]
+        else:
+            row["recomputed_epsilon"] = row["independent_epsilon"] = math.inf
         rows.append(row)
     return pd.DataFrame(rows)
 
