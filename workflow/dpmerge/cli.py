@@ -13,7 +13,7 @@ import sys
 
 from dpmerge import runtime
 from dpmerge.cli_arguments import build_parser
-from dpmerge.stages import diagnose, evaluate, finetune, ledger, merge, prepare, report
+from dpmerge.stages import audit, diagnose, evaluate, finetune, ledger, merge, prepare, report
 
 
 def _json_arg(text: str, what: str) -> dict:
@@ -91,6 +91,14 @@ def cmd_finetune(args) -> None:
                       method=method, hparams=hparams, epsilon=args.epsilon, seed=args.seed, study_key=args.study_key,
                       out_vector=args.out_vector, out_head=args.out_head, checkpoint=args.checkpoint,
                       checkpoint_every=args.checkpoint_every, zeroshot_head=args.zeroshot_head)
+
+
+def cmd_audit(args) -> None:
+    runtime.set_threads(args.threads)
+    audit.audit(backbone=args.backbone, backbone_spec=_spec(args), data=args.data, method=args.method,
+                hparams=_json_arg(args.hparams, "--hparams"), epsilon=args.epsilon, seed=args.seed,
+                study_key=args.study_key, out=args.out, canaries=args.canaries, audit_delta=args.audit_delta,
+                confidence=args.confidence, zeroshot_head=args.zeroshot_head)
 
 
 def cmd_merge(args) -> None:
@@ -226,7 +234,8 @@ def cmd_select_budget(args) -> None:
 
 COMMANDS = {
     "prepare": cmd_prepare, "zeroshot-head": cmd_zeroshot_head, "prepare-data": cmd_prepare_data,
-    "make-standins": cmd_make_standins, "pretrained": cmd_pretrained, "finetune": cmd_finetune, "merge": cmd_merge,
+    "make-standins": cmd_make_standins, "pretrained": cmd_pretrained, "finetune": cmd_finetune, "audit": cmd_audit,
+    "merge": cmd_merge,
     "statistics": cmd_statistics, "evaluate": cmd_evaluate, "drift": cmd_drift, "linearity": cmd_linearity,
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,
     "plot-sharpness-drift": cmd_plot_sharpness_drift, "plot-gap-bound": cmd_plot_gap_bound,

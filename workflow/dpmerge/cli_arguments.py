@@ -143,6 +143,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
 
+    p = add("audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box Dirac canaries "
+                     "(Steinke, Nasr & Jagielski, arXiv 2305.08846), the bound at 95 %% confidence beside the "
+                     "accountant's epsilon for the run; FAIL when the bound exceeds it. The run is never released.")
+    p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
+    p.add_argument("--method", required=True, help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor")
+    p.add_argument("--epsilon", type=float, default=None,
+                   help="target epsilon of the audited mechanism, as for finetune; omitted for nonprivate")
+    p.add_argument("--seed", type=int, default=0, help="repetition index of the audit run")
+    p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
+    p.add_argument("--hparams", default="{}", help="JSON of FinetuneConfig fields, as for finetune")
+    p.add_argument("--canaries", type=int, default=1000,
+                   help="Dirac canaries m, each in the training set with probability 1/2 (at most the task vector's "
+                        "coordinates)")
+    p.add_argument("--audit-delta", type=float, default=1e-5,
+                   help="delta the bound is stated at; 2 m delta must stay below 0.1")
+    p.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound")
+    p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
+                   help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("-o", "--out", required=True, help="the audit's row .parquet")
+
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())
     p = add("merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")

@@ -18,12 +18,37 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method_label: str
     A backbone that classifies with frozen zero-shot heads needs `zeroshot_head`; other backbones train a fresh
     head. `checkpoint` is a resumable state file, removed when the run is done.
     """
-    from dpmerge.artifacts import load_prepared, load_tensors, save_released
+    from dpmerge.artifacts import save_released
+    from dpmerge.training.finetune import finetune as train
+
+    prepared, network, config, head, key = training_inputs(
+        backbone_spec=backbone_spec, data=data, method=method, hparams=hparams, epsilon=epsilon, seed=seed,
+        study_key=study_key, zeroshot_head=zeroshot_head)
+    result = train(
+        network, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
+        prepared["train_labels"], config, study_key=key,
+        identity={"backbone": backbone, "task": prepared["task"], "method": method_label}, log=log,
+        checkpoint=checkpoint, checkpoint_every=checkpoint_every, head=head, train_head=head is None,
+    )
+    # Training losses are statistics of private data: they stay in the job log, never in a released file.
+    identity = {"backbone": backbone, "task": prepared["task"]}
+    save_released(out_head, result.head, result.record, {**identity, "artifact": "head"})
+    save_released(out_vector, result.task_vector, result.record, {**identity, "artifact": "task_vector"})
+    if checkpoint:
+        Path(checkpoint).unlink(missing_ok=True)
+    log(f"[finetune] released {out_vector} (spent epsilon {result.record['spent_epsilon']})")
+
+
+def training_inputs(*, backbone_spec: dict, data: str, method: str, hparams: dict, epsilon: float | None, seed: int,
+                    study_key: str, zeroshot_head: str | None = None):
+    """What a training run needs, each checked against the others: the prepared task, the backbone that prepared
+    it, the run's settings, the frozen zero-shot head (when the backbone classifies with one) and the study key.
+    Shared by the releases' fine-tunes and the audits' runs (stages/audit.py)."""
+    from dpmerge.artifacts import load_prepared, load_tensors
     from dpmerge.models.registry import BACKBONES
     from dpmerge.models.spec import backbone_from_spec
     from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
     from dpmerge.training.finetune import FinetuneConfig
-    from dpmerge.training.finetune import finetune as train
 
     prepared = load_prepared(data)
     network = backbone_from_spec(backbone_spec)
@@ -40,22 +65,10 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method_label: str
             raise ValueError(f"{zeroshot_head} is the zero-shot head of {head_meta.get('task')!r} from other "
                              "pretrained weights or another task; rerun zeroshot-head")
     elif BACKBONES[backbone_spec["kind"]].zeroshot_heads:
-        raise ValueError(f"backbone {backbone!r} classifies with frozen zero-shot heads: pass --zeroshot-head "
-                         "(from 'dpmerge zeroshot-head')")
+        raise ValueError(f"backbone {backbone_spec['kind']!r} classifies with frozen zero-shot heads: pass "
+                         "--zeroshot-head (from 'dpmerge zeroshot-head')")
     try:
         key = load_or_create_key(study_key)
     except StudyKeyError as error:
         raise ValueError(f"--study-key: {error}") from None
-    result = train(
-        network, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
-        prepared["train_labels"], config, study_key=key,
-        identity={"backbone": backbone, "task": prepared["task"], "method": method_label}, log=log,
-        checkpoint=checkpoint, checkpoint_every=checkpoint_every, head=head, train_head=head is None,
-    )
-    # Training losses are statistics of private data: they stay in the job log, never in a released file.
-    identity = {"backbone": backbone, "task": prepared["task"]}
-    save_released(out_head, result.head, result.record, {**identity, "artifact": "head"})
-    save_released(out_vector, result.task_vector, result.record, {**identity, "artifact": "task_vector"})
-    if checkpoint:
-        Path(checkpoint).unlink(missing_ok=True)
-    log(f"[finetune] released {out_vector} (spent epsilon {result.record['spent_epsilon']})")
+    return prepared, network, config, head, key

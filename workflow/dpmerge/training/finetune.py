@@ -34,6 +34,7 @@ from dpmerge.privacy.accounting import (
 from dpmerge.privacy.randomness import RNG_MODES, MechanismRandomness
 from dpmerge.privacy.study_key import mechanism_fingerprint
 from dpmerge.runtime import compute_line
+from dpmerge.training.canaries import DiracCanaries
 from dpmerge.training.dp_step import method_update, poisson_batch, privatized_gradient
 from dpmerge.training.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.training.persample import STRATEGIES, make_clipper
@@ -130,6 +131,7 @@ class TrainingResult:
     head: dict[str, torch.Tensor]
     record: dict
     losses: list[float]  # non-private training losses (local diagnostics; never released)
+    canaries: DiracCanaries | None = None  # an audit run's canaries (privacy/audit.py), with their secret coins
 
 
 def head_only_inputs(model: TaskModel, features: tuple[torch.Tensor, ...], backbone: Backbone,
@@ -172,6 +174,7 @@ def finetune(
     checkpoint_every: int = 10,
     head: dict[str, torch.Tensor] | None = None,
     train_head: bool = True,
+    audit_canaries: int = 0,
 ) -> TrainingResult:
     """Fine-tune the backbone's top and a head on one task; return the task vector and privacy record.
 
@@ -188,7 +191,13 @@ def finetune(
     so the released vector and its privacy record are the same. Steps lost after the last checkpoint released
     nothing and are recomputed identically, so no budget is spent twice. The caller removes the file once the
     outputs are released (a crash before that resumes from it again).
+
+    With `audit_canaries` = m > 0 the run is a privacy audit's (privacy/audit.py): m Dirac canaries
+    (training/canaries.py) join the training set, each with probability 1/2, and the result carries them.
+    Such a run is never a release, and it is not checkpointed.
     """
+    if audit_canaries and checkpoint is not None:
+        raise ValueError("an audit run is not checkpointed: its canaries' draws are not part of the saved state")
     method = METHODS[config.method]
     num_examples = int(train_labels.shape[0])
     if config.batch_size > num_examples:
@@ -237,6 +246,14 @@ def finetune(
     optimizer = (torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
                  if trains else None)
 
+    canaries = None
+    if audit_canaries:
+        canaries = DiracCanaries(
+            {name: value.shape for name, value in pretrained.items()}, audit_canaries, config.clip_norm, sample_rate,
+            randomness, backbone.internal_state,
+            [name.removeprefix(backbone_prefix) if name.startswith(backbone_prefix) else None for name in names],
+        )
+
     if method.private and trains:
         sigma = calibrate_noise_multiplier(
             config.target_epsilon, delta, sample_rate, steps, method.queries_per_step, config.accountant,
@@ -263,6 +280,7 @@ def finetune(
         return privatized_gradient(
             per_sample, features, labels, clip_norm=config.clip_norm, noise_multiplier=sigma,
             expected_batch_size=config.batch_size, noise=noise,
+            extra_examples=canaries.add_to if canaries is not None else None,
         )
 
     def nonprivate_gradient(features, labels):
@@ -271,7 +289,10 @@ def finetune(
             with backbone.autocast():
                 loss = task_loss(model(*features), labels)
             loss.backward()
-        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if canaries is not None:  # as examples of the mean loss
+            canaries.add_to(gradients, scale=1.0 / max(int(labels.numel()), 1))
+        return gradients
 
     first_step = 0
     if checkpoint is not None:
@@ -316,6 +337,8 @@ def finetune(
         loop_started = time.perf_counter()
         for step in range(first_step, steps):
             batch = poisson_batch(num_examples, sample_rate, sampler)
+            if canaries is not None:
+                canaries.begin_step()
             features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
             labels = train_labels[batch].to(device)
             queries_this_step = 0
@@ -395,4 +418,4 @@ def finetune(
             "train_head": train_head,
         },
     }
-    return TrainingResult(task_vector, head, record, losses)
+    return TrainingResult(task_vector, head, record, losses, canaries)

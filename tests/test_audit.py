@@ -1,0 +1,201 @@
+"""One-run privacy audits (privacy/audit.py, training/canaries.py, stages/audit.py): the bound against a
+transcription of the paper's code, its validity and power on randomized response, and audits of real DP runs that
+can fail: the non-private method leaks, a run without its noise fails its claim, and DP-SAM calibrated for one
+query shows more leakage than DP-SAM calibrated for its two."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import binom
+from torch import nn
+
+from conftest import TEST_STUDY_KEY
+from dpmerge.models.base import Backbone
+from dpmerge.privacy.audit import audit_scores, epsilon_lower_bound, guess_counts, one_run_p_value
+
+
+def reference_p_value(m, r, v, eps, delta):
+    """Steinke, Nasr & Jagielski's p_value_DP_audit (arXiv 2305.08846, Algorithm 2), transcribed loop for loop:
+    beta = P[Binomial(r, q) >= v], alpha the largest P[v > Binomial(r, q) >= v - i] / i, p = beta + alpha 2 m delta."""
+    q = 1 / (1 + math.exp(-eps))
+    beta = binom.sf(v - 1, r, q)
+    alpha = 0
+    total = 0
+    for i in range(1, v + 1):
+        total = total + binom.pmf(v - i, r, q)
+        if total > i * alpha:
+            alpha = total / i
+    return min(beta + alpha * delta * 2 * m, 1)
+
+
+@pytest.mark.parametrize("m,r,v", [(1000, 125, 97), (1000, 250, 238), (200, 50, 25), (64, 64, 64), (10, 3, 0)])
+@pytest.mark.parametrize("eps", [0.0, 0.5, 2.0, 6.0])
+@pytest.mark.parametrize("delta", [0.0, 1e-5, 1e-3])
+def test_the_p_value_is_the_papers(m, r, v, eps, delta):
+    assert one_run_p_value(m, r, v, eps, delta) == pytest.approx(reference_p_value(m, r, v, eps, delta), rel=1e-9,
+                                                                 abs=1e-15)
+
+
+def test_the_bound_is_the_largest_refuted_epsilon():
+    bound = epsilon_lower_bound(1000, 250, 238, 1e-5, 0.05)
+    assert 0 < bound < 10
+    assert one_run_p_value(1000, 250, 238, bound - 1e-3, 1e-5) < 0.05 <= one_run_p_value(1000, 250, 238,
+                                                                                          bound + 1e-3, 1e-5)
+    assert epsilon_lower_bound(1000, 250, 125, 1e-5) == 0.0  # chance level refutes nothing
+    assert epsilon_lower_bound(1000, 0, 0, 1e-5) == 0.0
+    # the delta term costs power: the same guesses refute less at a larger delta
+    assert epsilon_lower_bound(1000, 250, 238, 1e-4) < bound
+
+
+def randomized_response_scores(rng, m, eps):
+    """Scores of an exactly eps-DP mechanism per canary (randomized response on the coin), ties broken at random."""
+    coins = rng.random(m) < 0.5
+    truthful = rng.random(m) < 1 / (1 + math.exp(-eps))
+    scores = np.where(coins == truthful, 1.0, -1.0) + 1e-3 * rng.random(m)
+    return scores, coins
+
+
+def test_the_bound_holds_on_an_exactly_private_mechanism_and_has_power():
+    rng = np.random.default_rng(0)
+    bounds = [audit_scores(*randomized_response_scores(rng, 500, 2.0), delta=0.0)["epsilon_lb"] for _ in range(200)]
+    # valid: above the truth in at most 5 % of runs (plus slack for 200 draws); powerful: usually close below it
+    assert np.mean(np.array(bounds) > 2.0) <= 0.08
+    assert np.median(bounds) > 1.0
+
+
+def test_guess_counts_are_fixed_by_the_number_of_canaries_alone():
+    assert guess_counts(1000) == [(62, 63), (125, 0), (125, 125), (250, 0), (250, 250), (500, 0)]
+    assert all(k_in + k_out <= 4 for k_in, k_out in guess_counts(4))
+
+
+def test_scores_must_be_one_finite_value_per_canary():
+    with pytest.raises(ValueError, match="one score per canary"):
+        audit_scores([1.0, 2.0], [True], 1e-5)
+    with pytest.raises(ValueError, match="finite"):
+        audit_scores([1.0, float("nan")], [True, False], 1e-5)
+
+
+# ------------------------------------------------------------------------------------- audits of real DP runs
+
+
+class WideTop(Backbone):
+    """One linear layer of 4,352 trainable weights: room for 2,000 Dirac canaries."""
+
+    kind = "toy"
+    modality = "vision"
+
+    def __init__(self, checkpoint: Path):
+        torch.manual_seed(0)
+        self.network = nn.Sequential(nn.Linear(16, 256), nn.Tanh())
+        self.embed_dim = 256
+        checkpoint.write_bytes(b"wide top")
+        self.checkpoint_path = checkpoint
+
+    def encode_inputs(self, inputs):
+        return (torch.as_tensor(inputs),)
+
+    def trunk(self, x):
+        return (x,)
+
+    def top(self, x):
+        return self.network(x)
+
+
+@pytest.fixture
+def wide(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    features = (torch.randn(500, 16, generator=generator),)
+    labels = torch.randint(0, 2, (500,), generator=generator)
+    return WideTop(tmp_path / "wide.bin"), features, labels
+
+
+def audited(wide, method, epsilon, canaries=2000, **settings):
+    from dpmerge.training.finetune import FinetuneConfig, finetune
+
+    backbone, features, labels = wide
+    config = FinetuneConfig(method=method, target_epsilon=epsilon, epochs=8, batch_size=100, lr=1e-2,
+                            clip_norm=1.0, **settings)
+    result = finetune(backbone, 2, features, labels, config, study_key=TEST_STUDY_KEY, log=lambda line: None,
+                      identity={"backbone": "toy", "task": "toy", "method": method, "audit": canaries},
+                      audit_canaries=canaries)
+    scores = result.canaries.scores(result.task_vector).numpy()
+    return audit_scores(scores, result.canaries.included.numpy(), delta=1e-5), result
+
+
+def test_canaries_are_placed_on_distinct_task_vector_coordinates_and_half_are_included(wide):
+    _, result = audited(wide, "naive_dp", 8.0)
+    coordinates = result.canaries.coordinates
+    assert coordinates.unique().numel() == 2000 and int(coordinates.max()) < 16 * 256 + 256
+    assert abs(int(result.canaries.included.sum()) - 1000) < 100
+
+
+def test_without_noise_the_audit_sees_the_leakage(wide):
+    nonprivate, _ = audited(wide, "nonprivate", None)
+    private, _ = audited(wide, "naive_dp", 1.0)
+    assert nonprivate["epsilon_lb"] > 2.0
+    assert nonprivate["epsilon_lb"] > 3 * private["epsilon_lb"]
+
+
+def test_dp_sam_calibrated_for_one_query_leaks_more_than_dp_sam_calibrated_for_two(wide, monkeypatch):
+    """The bug privacy rule 1 forbids: DP-SAM's two queries accounted as one, so sigma is that of DP-SGD."""
+    import dpmerge.training.finetune as finetune_module
+
+    correct, _ = audited(wide, "dp_sam", 8.0)
+    calibrate, spent = finetune_module.calibrate_noise_multiplier, finetune_module.spent_epsilon_of_steps
+    monkeypatch.setattr(finetune_module, "calibrate_noise_multiplier",
+                        lambda eps, delta, q, steps, queries, *rest: calibrate(eps, delta, q, steps, 1, *rest))
+    monkeypatch.setattr(finetune_module, "spent_epsilon_of_steps",
+                        lambda sigma, q, ran, delta, *rest: spent(sigma, q, {1: sum(ran.values())}, delta, *rest))
+    broken, result = audited(wide, "dp_sam", 8.0)
+    assert result.record["steps_by_queries"] == {"2": 40}  # it still made two queries per step
+    assert broken["epsilon_lb"] > correct["epsilon_lb"] + 0.2
+
+
+def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tmp_path, wide, monkeypatch):
+    from dpmerge import cli
+    from dpmerge.artifacts import save_prepared
+    from dpmerge.privacy import randomness
+
+    backbone, features, labels = wide
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
+    save_prepared(tmp_path / "toy.pt", task="toy", backbone="toy", task_spec={"num_classes": 2, "metric": "accuracy"},
+                  class_names=["a", "b"], train_features=features, train_labels=labels, test_features=features,
+                  test_labels=labels, pretrained_sha256=backbone.checkpoint_sha256)
+    key = tmp_path / "study.key"
+    key.write_text(TEST_STUDY_KEY.hex())
+    key.chmod(0o600)
+    # a registered kind for the zero-shot-head lookup; the network itself is the wide top above
+    args = ["audit", "--backbone", "toy", "--backbone-spec", '{"kind": "efficientnet_lite0"}',
+            "--data", str(tmp_path / "toy.pt"), "--method", "naive_dp", "--epsilon", "0.5", "--study-key", str(key), "--canaries", "2000",
+            "--audit-delta", "1e-5", "--hparams",
+            '{"epochs": 8, "batch_size": 100, "lr": 0.01, "clip_norm": 1.0}']
+    cli.main([*args, "-o", str(tmp_path / "honest.parquet")])
+    honest = pd.read_parquet(tmp_path / "honest.parquet").iloc[0]
+    assert honest["verdict"] == "PASS" and honest["epsilon_lb"] <= honest["claimed_epsilon_at_audit_delta"]
+    assert honest["target_epsilon"] == 0.5 and honest["canaries"] == 2000
+
+    class Silent:  # the noise stream of a broken implementation: sigma is recorded, nothing is added
+        def normal(self, shape, dtype=torch.float32, device=None):
+            return torch.zeros(shape, dtype=dtype)
+
+    real_stream = randomness.MechanismRandomness.stream
+    monkeypatch.setattr(randomness.MechanismRandomness, "stream", lambda self, name, device="cpu": (
+        Silent() if name == "gaussian_noise" else real_stream(self, name, device)))
+    cli.main([*args, "-o", str(tmp_path / "broken.parquet")])
+    broken = pd.read_parquet(tmp_path / "broken.parquet").iloc[0]
+    assert broken["verdict"] == "FAIL"
+    assert broken["epsilon_lb"] > broken["claimed_epsilon_at_audit_delta"] > 0.5  # the claim holds at delta 1e-5
+    assert '"noise_multiplier"' in broken["privacy_record"]
+
+
+def test_an_audit_without_power_is_refused_before_it_runs(tmp_path):
+    from dpmerge.stages.audit import audit
+
+    with pytest.raises(ValueError, match="2 m delta term"):
+        audit(backbone="toy", backbone_spec={"kind": "toy"}, data=str(tmp_path / "none.pt"), method="naive_dp",
+              hparams={}, epsilon=1.0, seed=0, study_key=str(tmp_path / "k"), out=str(tmp_path / "a.parquet"),
+              canaries=1000, audit_delta=1e-3)
