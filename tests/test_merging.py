@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dpmerge.artifacts import file_tensors_sha256, save_tensors, tensors_sha256
-from dpmerge.merge.elementwise import _ties_statistics
+from dpmerge.merge.elementwise import _ties_thresholds
 from dpmerge.merge.order_statistics import top_magnitude_threshold
 from dpmerge.merge.registry import (
     NEEDS_STATISTICS,
@@ -230,5 +230,4 @@ def test_streamed_global_threshold_equals_kthvalue_over_the_concatenation(densit
               "c": 1e-30 * torch.randn(64, generator=generator).to(dtype)}
     flat = torch.cat([v.reshape(-1) for v in vector.values()]).to(torch.float32)
     expected = top_magnitude_threshold(flat, density)
-    hyper = {"scaling": 1.0, "merge_func": "mean", "topk_scope": "global"}
-    assert _ties_statistics(InMemorySource([vector]), density, **hyper) == [expected]
+    assert _ties_thresholds(InMemorySource([vector]), density, "global", "round") == [expected]

@@ -16,13 +16,22 @@ def check_include_conv(include_conv):
         raise ValueError(f"include_conv must be true or false, got {include_conv!r}")
 
 
-def _ties_check(density, scaling, merge_func, topk_scope):
+def check_choice(operator: str, name: str, value, choices: tuple[str, ...]):
+    if value not in choices:
+        allowed = " or ".join(repr(c) for c in choices)
+        raise ValueError(f"{operator} {name} must be {allowed}, got {value!r}")
+
+
+def _ties_check(density, scaling, merge_func, topk_scope, trim, zero_sign):
     if not 0 <= density <= 1:
         raise ValueError(f"ties density must be in [0, 1], got {density}")
-    if merge_func not in ("mean", "sum"):
-        raise ValueError(f"ties merge_func must be 'mean' or 'sum', got {merge_func!r}")
-    if topk_scope not in ("global", "per_tensor"):
-        raise ValueError(f"ties topk_scope must be 'global' or 'per_tensor', got {topk_scope!r}")
+    check_choice("ties", "merge_func", merge_func, ("mean", "sum"))
+    check_choice("ties", "topk_scope", topk_scope, ("global", "per_tensor"))
+    check_choice("ties", "trim", trim, ("round", "reference"))
+    check_choice("ties", "zero_sign", zero_sign, ("none", "majority"))
+    if trim == "reference" and density == 1:
+        # the reference asks kthvalue for rank 0 there and fails; keeping everything would be our invention
+        raise ValueError("ties density must be < 1 with trim 'reference' (the TIES code cannot keep every entry)")
 
 
 def _dare_check(drop_rate, scaling, seed):
@@ -45,6 +54,11 @@ def _wudi_check(iterations, lr, scaling, include_conv):
 
 def _svd_check(scaling, include_conv, **_):
     check_include_conv(include_conv)
+
+
+def _tsvm_check(scaling, include_conv, short_matrices):
+    check_include_conv(include_conv)
+    check_choice("tsv_m", "short_matrices", short_matrices, ("average", "zero"))
 
 
 def _iso_cts_check(scaling, common_space_fraction, include_conv):
@@ -76,18 +90,24 @@ def _regmean_check(reduce_non_diagonal_ratio):
         raise ValueError(f"regmean reduce_non_diagonal_ratio must be in [0, 1], got {reduce_non_diagonal_ratio}")
 
 
-def _fisher_check(normalize_fisher_weight, minimal_fisher_weight):
+def _fisher_check(normalize_fisher_weight, minimal_fisher_weight, normalization):
     if not isinstance(normalize_fisher_weight, bool):
         raise ValueError(f"fisher normalize_fisher_weight must be true or false, got {normalize_fisher_weight!r}")
     if not minimal_fisher_weight >= 0:
         raise ValueError(f"fisher minimal_fisher_weight must be >= 0, got {minimal_fisher_weight}")
+    check_choice("fisher", "normalization", normalization, ("ours", "reference"))
+
+
+def _emr_check(rescale, zero_sign):
+    check_choice("emr", "rescale", rescale, ("whole_vector", "per_tensor"))
+    check_choice("emr", "zero_sign", zero_sign, ("none", "negative"))
 
 
 # By operator; an operator absent here accepts any value of its defaults' kinds.
 RANGES = {
-    "ties": _ties_check, "dare": _dare_check, "pcb": _pcb_check, "wudi": _wudi_check, "tsv_m": _svd_check,
+    "ties": _ties_check, "dare": _dare_check, "pcb": _pcb_check, "wudi": _wudi_check, "tsv_m": _tsvm_check,
     "iso_c": _svd_check, "iso_cts": _iso_cts_check, "consensus_ta": _consensus_check, "tall_masks": _tall_check,
-    "dts": _dts_check, "regmean": _regmean_check, "fisher": _fisher_check,
+    "dts": _dts_check, "regmean": _regmean_check, "fisher": _fisher_check, "emr": _emr_check,
 }
 
 

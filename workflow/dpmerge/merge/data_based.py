@@ -5,7 +5,8 @@
   (ICLR 2023): per linear layer, the closed-form least-squares fit to every task model's outputs on its own
   inputs (`regmean_solve`, its pseudo-inverse applied without forming it by `weighted_times_pinv`).
 - Fisher merging: Matena and Raffel, "Merging Models with Fisher-Weighted Averaging", arXiv 2111.09832
-  (NeurIPS 2022): per parameter, the Fisher-weighted mean.
+  (NeurIPS 2022): per parameter, the Fisher-weighted mean; `normalization: reference` normalises as FusionBench's
+  method/fisher_merging/fisher_merging.py does (merge.registry.fisher says how the two differ).
 
 Tensors that are not a linear layer's weight are averaged (merge/matrices.py). `IMPLEMENTATIONS` hands the rules
 to merge.registry, which pairs them with their defaults from merge.specs.
@@ -113,24 +114,39 @@ def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
 # ---- Fisher merging
 
 
-def _fisher_statistics(source, normalize_fisher_weight, minimal_fisher_weight):
-    """The Fisher source, and each task's global L2 norm of its Fisher (streamed) when normalising."""
+def _fisher_statistics(source, normalize_fisher_weight, minimal_fisher_weight, normalization):
+    """The Fisher source and, when normalising, per task the global L2 norm ||F_t|| of its Fisher over every
+    tensor (streamed) or, for `normalization: reference`, the coefficient FusionBench multiplies F_t + m by:
+    (1 / T) c_t / sum_j c_j with c_t = 1 / (||F_t|| + m)."""
     statistics = _needs(source, "Fisher information", "fisher")
     missing = sorted(set(source.keys()) - statistics.keys())
     if missing:
         raise ValueError(f"fisher: the Fisher statistics lack tensors the task vectors have: {missing[:5]}")
-    norms = None
-    if normalize_fisher_weight:
-        squares = torch.zeros(len(source), dtype=torch.float64)
-        for key in source.keys():
-            for index in range(len(source)):
-                squares[index] += statistics.tensor(index, key).double().square().sum()
-        norms = squares.sqrt().tolist()
-    return statistics, norms
+    if not normalize_fisher_weight:
+        return statistics, None
+    squares = torch.zeros(len(source), dtype=torch.float64)
+    for key in source.keys():
+        for index in range(len(source)):
+            squares[index] += statistics.tensor(index, key).double().square().sum()
+    norms = squares.sqrt()
+    if normalization == "ours":
+        return statistics, norms.tolist()
+    inverse = 1 / (norms + minimal_fisher_weight)
+    return statistics, (inverse / inverse.sum() / len(source)).tolist()
 
 
-def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_weight):
-    statistics, norms = stats
+def _fisher_weight(fisher_tensor, dtype, index, per_task, minimal_fisher_weight, normalization):
+    if per_task is None:
+        return fisher_tensor.to(dtype) + minimal_fisher_weight
+    if normalization == "reference":  # c_t (F + m): the floor enters F and its norm, c_t shares them out
+        return per_task[index] * (fisher_tensor.to(dtype) + minimal_fisher_weight)
+    if per_task[index] > 0:  # F / ||F|| + m: the floor is added after normalising
+        fisher_tensor = fisher_tensor / per_task[index]
+    return fisher_tensor.to(dtype) + minimal_fisher_weight
+
+
+def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_weight, normalization):
+    statistics, per_task = stats
     numerator = torch.zeros_like(tensors[0])
     denominator = torch.zeros_like(tensors[0])
     for index, (tensor, name) in enumerate(zip(tensors, statistics.names)):  # one task's Fisher at a time
@@ -138,9 +154,7 @@ def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_
         if fisher_tensor.shape != tensor.shape:
             raise ValueError(f"{name}: Fisher of {key!r} has shape {tuple(fisher_tensor.shape)}, "
                              f"the tensor has {tuple(tensor.shape)}")
-        if norms is not None and norms[index] > 0:
-            fisher_tensor = fisher_tensor / norms[index]
-        weight = fisher_tensor.to(tensor.dtype) + minimal_fisher_weight
+        weight = _fisher_weight(fisher_tensor, tensor.dtype, index, per_task, minimal_fisher_weight, normalization)
         numerator += weight * tensor
         denominator += weight
     return numerator / denominator

@@ -22,8 +22,10 @@ import zlib
 import torch
 
 from dpmerge.merge.order_statistics import (
+    fixed_threshold,
     streamed_order_statistics,
     task_magnitudes,
+    threshold_rank,
     top_magnitude_threshold,
     total_numel,
 )
@@ -49,36 +51,68 @@ def _keep_above(values: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.where(values.abs() >= threshold, values, torch.zeros_like(values))
 
 
-def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_scope):
-    """Global top-k: each task vector's magnitude threshold over all its entries, streamed."""
+def _ties_thresholds(source: VectorSource, density, topk_scope, trim):
+    """Global top-k: each task vector's magnitude threshold over all its entries, streamed (None: per tensor)."""
     if topk_scope != "global":
         return None
     numel = total_numel(source)
-    k = int(round(density * numel))
-    if k >= numel:
-        return [0.0] * len(source)  # keep everything (|v| >= 0)
-    if k <= 0:
-        return [float("inf")] * len(source)  # keep nothing
-    # The same order statistic as top_magnitude_threshold's kthvalue(numel - k + 1), 0-based.
-    ranked = streamed_order_statistics(lambda: task_magnitudes(source), [[numel - k]] * len(source))
+    rank = threshold_rank(numel, density, trim)
+    fixed = fixed_threshold(rank, numel)
+    if fixed is not None:
+        return [fixed] * len(source)
+    # The same order statistic as top_magnitude_threshold's kthvalue(rank + 1), over every tensor at once.
+    ranked = streamed_order_statistics(lambda: task_magnitudes(source), [[rank]] * len(source))
     return [values[0] for values in ranked]
 
 
-def _ties_tensor(key, tensors, thresholds, density, scaling, merge_func, topk_scope):
-    if thresholds is None:  # per-tensor top-k
-        thresholds = [top_magnitude_threshold(t.reshape(-1), density) for t in tensors]
-    # Trimmed tensors are formed twice, one task at a time (for the elected sign's mass, then for the disjoint
-    # merge), rather than stacked: the temporaries stay a few tensors of one name instead of several per task.
+def _task_thresholds(tensors, thresholds, density, trim):
+    if thresholds is not None:
+        return thresholds
+    return [top_magnitude_threshold(t.reshape(-1), density, trim) for t in tensors]
+
+
+def _elected(tensors, thresholds) -> torch.Tensor:
+    """sign(sum_t trimmed tau_t): the sign carrying more mass, 0 where the trimmed values cancel or are all 0."""
+    # Trimmed tensors are formed one task at a time rather than stacked: the temporaries stay a few tensors of
+    # one name instead of several per task.
     mass = torch.zeros_like(tensors[0])
     for tensor, threshold in zip(tensors, thresholds):
         mass += _keep_above(tensor, threshold)
-    elected = torch.sign(mass)
-    del mass
+    return torch.sign(mass)
+
+
+def _majority_sign(source: VectorSource, thresholds, density, trim) -> float:
+    """The TIES code's resolve_zero_signs: the sign of the sum of every elected sign over the whole vector."""
+    total = 0
+    for key in source.keys():
+        tensors = source.tensors(key)
+        elected = _elected(tensors, _task_thresholds(tensors, thresholds, density, trim))
+        total += int(elected.sum(dtype=torch.float64))  # exact: float32 would round past 2^24 entries
+    return float((total > 0) - (total < 0))
+
+
+def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_scope, trim, zero_sign):
+    thresholds = _ties_thresholds(source, density, topk_scope, trim)
+    majority = _majority_sign(source, thresholds, density, trim) if zero_sign == "majority" else None
+    return thresholds, majority
+
+
+def _ties_tensor(key, tensors, stats, density, scaling, merge_func, topk_scope, trim, zero_sign):
+    thresholds, majority = stats
+    thresholds = _task_thresholds(tensors, thresholds, density, trim)
+    elected = _elected(tensors, thresholds)
+    if majority is not None:
+        # As the TIES code: an entry whose trimmed values cancel takes the majority sign, and its disjoint merge
+        # keeps the negative values where that sign is 0 too (where(sign > 0, v > 0, v < 0)).
+        elected = torch.where(elected == 0, torch.full_like(elected, majority), elected)
     merged = torch.zeros_like(tensors[0])
     agreeing = torch.zeros_like(tensors[0])
     for tensor, threshold in zip(tensors, thresholds):
         trimmed = _keep_above(tensor, threshold)
-        agrees = (torch.sign(trimmed) == elected) & (trimmed != 0)
+        if majority is None:
+            agrees = (torch.sign(trimmed) == elected) & (trimmed != 0)
+        else:
+            agrees = torch.where(elected > 0, trimmed > 0, trimmed < 0)
         merged += trimmed.masked_fill_(~agrees, 0)
         agreeing += agrees
         del trimmed, agrees

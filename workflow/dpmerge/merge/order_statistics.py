@@ -16,14 +16,40 @@ import torch
 from dpmerge.merge.sources import VectorSource
 
 
-def top_magnitude_threshold(values: torch.Tensor, density: float) -> float:
-    """|v| threshold keeping the `density` fraction of largest-magnitude entries (ties at it kept)."""
-    k = int(round(density * values.numel()))
-    if k >= values.numel():
-        return 0.0  # keep everything (|v| >= 0)
+def threshold_rank(numel: int, density: float, rule: str) -> int:
+    """0-based rank, from the smallest |v|, of the threshold that keeps the top `density` of `numel` entries
+    (every entry with |v| >= it, ties at it included); -1 keeps every entry, `numel` none.
+
+    "round" keeps k = round(density * numel) entries. "reference" is topk_values_mask of the TIES code
+    (prateeky2806/ties-merging src/utils/merge_utils.py, copied into FusionBench's ties_merging_utils.py):
+    k = int(density * numel) and the threshold is kthvalue(numel - k) (1-based), which keeps k + 1 entries when
+    magnitudes are distinct, one even at density 0 (density 1 is refused by merge.checks: kthvalue(0) fails).
+    """
+    if rule == "reference":
+        return numel - int(numel * density) - 1
+    k = int(round(density * numel))
+    if k >= numel:
+        return -1
     if k <= 0:
+        return numel
+    return numel - k
+
+
+def fixed_threshold(rank: int, numel: int) -> float | None:
+    """The |v| threshold where threshold_rank's `rank` needs no order statistic, else None."""
+    if rank < 0:
+        return 0.0  # keep everything (|v| >= 0)
+    if rank >= numel:
         return float("inf")  # keep nothing
-    return float(values.abs().kthvalue(values.numel() - k + 1).values)
+    return None
+
+
+def top_magnitude_threshold(values: torch.Tensor, density: float, rule: str = "round") -> float:
+    """|v| threshold keeping the `density` fraction of largest-magnitude entries (ties at it kept), by
+    threshold_rank's `rule`."""
+    rank = threshold_rank(values.numel(), density, rule)
+    fixed = fixed_threshold(rank, values.numel())
+    return fixed if fixed is not None else float(values.abs().kthvalue(rank + 1).values)
 
 
 def task_magnitudes(source: VectorSource):

@@ -6,7 +6,9 @@ A personalized rule returns (shared tensor, [parts of task t]); its layout `<nam
 vector at evaluation (merge.registry stores the parts and calls these).
 
 - EMR-merging: Huang et al., "EMR-Merging: Tuning-Free High-Performance Model Merging", arXiv 2405.17461
-  (NeurIPS 2024): an elected unified vector, per task a mask and a rescaler.
+  (NeurIPS 2024): an elected unified vector, per task a mask and a rescaler. By default as the paper writes it;
+  `rescale: per_tensor` with `zero_sign: negative` is emr_merge of its code (harveyhuang18/EMR_Merging
+  merge_vit/src/main_emr_merging.py, the same in FusionBench's method/emr_merging/utils.py).
 - TALL masks and consensus task arithmetic: Wang et al., "Localizing Task Information for Improved Model
   Merging and Compression", arXiv 2405.07813 (ICML 2024).
 - DTS: Guo et al., "Stay Unique, Stay Efficient: Preserving Model Personality in Multi-Task Merging", arXiv
@@ -56,22 +58,34 @@ def _mask_layout(shape, dtype, **_):
 # ---- EMR-merging
 
 
-def _emr_statistics(source: VectorSource):
-    """Per-task rescalers lambda_t = sum|tau_t| / sum|M_t * tau_uni| over the whole vector (streamed)."""
+def _emr_statistics(source: VectorSource, rescale, zero_sign):
+    """Per-task rescalers lambda_t = sum|tau_t| / sum|M_t * tau_uni| (streamed), the sums over the whole vector
+    (`whole_vector`, the paper's formula: the rescaled masked vector keeps tau_t's L1 norm), or over tensors of
+    each tensor's mean (`per_tensor`, emr_merge of the EMR code: sum_n mean|tau_t,n| / sum_n
+    mean|M_t,n * tau_uni,n|, which weights a small tensor's entries more than a large one's; the two agree when
+    every tensor has the same size, issue 19 measured up to 2 % apart on real task vectors). 0 where nothing of
+    tau_uni survives a task's mask (the code divides by 0 there)."""
     own = torch.zeros(len(source), dtype=torch.float64)
     kept = torch.zeros(len(source), dtype=torch.float64)
     for key in source.keys():
         tensors = source.tensors(key)
-        unified, masks = _emr_unified(tensors)
-        own += torch.stack([t.double().abs().sum() for t in tensors])
-        kept += torch.stack([(unified * m).double().abs().sum() for m in masks])
+        unified, masks = _emr_unified(tensors, zero_sign)
+        reduce = torch.mean if rescale == "per_tensor" else torch.sum
+        own += torch.stack([reduce(t.double().abs()) for t in tensors])
+        kept += torch.stack([reduce((unified * m).double().abs()) for m in masks])
     return [float(o / k) if k > 0 else 0.0 for o, k in zip(own, kept)]
 
 
-def _emr_unified(tensors):
+def _emr_unified(tensors, zero_sign):
     """EMR's elect step: sign of the sum, then per entry the largest |tau_t| among tasks of that sign; masks
-    M_t = (tau_t * tau_uni > 0)."""
-    sign = torch.sign(torch.stack(tensors).sum(0))
+    M_t = (tau_t * tau_uni > 0). Where the sum is exactly 0 the elected sign is 0 (`none`, the paper's
+    sgn(sum): nothing kept there) or, as the EMR code's (sum > 0) * 2 - 1, negative (`negative`: the largest
+    negative entry kept)."""
+    summed = torch.stack(tensors).sum(0)
+    if zero_sign == "negative":
+        sign = torch.where(summed > 0, 1.0, -1.0).to(summed.dtype)
+    else:
+        sign = torch.sign(summed)
     magnitude = torch.zeros_like(sign)
     for t in tensors:  # one task's temporaries at a time
         magnitude = torch.maximum(magnitude, torch.where(torch.sign(t) == sign, t.abs(), torch.zeros_like(t)))
@@ -79,8 +93,8 @@ def _emr_unified(tensors):
     return unified, (t * unified > 0 for t in tensors)
 
 
-def _emr_tensor(key, tensors, rescalers):
-    unified, masks = _emr_unified(tensors)
+def _emr_tensor(key, tensors, rescalers, rescale, zero_sign):
+    unified, masks = _emr_unified(tensors, zero_sign)
     parts = [{"mask": m.to(torch.uint8), "scale": torch.tensor(r, dtype=tensors[0].dtype)}
              for m, r in zip(masks, rescalers)]
     return unified, parts
@@ -90,7 +104,7 @@ def _emr_layout(shape, dtype, **_):
     return {"mask": (torch.uint8, tuple(shape)), "scale": (dtype, ())}
 
 
-def _emr_reconstruct(shared, parts):
+def _emr_reconstruct(shared, parts, **_):
     return parts["scale"] * parts["mask"].to(shared.dtype) * shared
 
 

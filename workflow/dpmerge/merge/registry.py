@@ -253,6 +253,19 @@ def ties(task_vectors: list[TaskVector], **hyperparameters) -> TaskVector:
         merge_func: "mean" (mean over agreeing entries, the TIES paper's disjoint mean) or "sum".
         topk_scope: "global" (threshold over the whole flattened task vector, as the TIES code does) or
             "per_tensor" (threshold within each parameter tensor).
+        trim: how many entries the trim step keeps out of K. "round": round(density * K), the paper's "top k%"
+            (so density 0 keeps nothing and 1 everything; the code's extra entry comes from its rank arithmetic).
+            "reference": as topk_values_mask of the TIES code (prateeky2806/ties-merging
+            src/utils/merge_utils.py, the same in FusionBench's method/ties_merging/ties_merging_utils.py),
+            every entry with |v| >= the (K - int(density * K))-th smallest |v|: int(density * K) + 1 entries
+            when magnitudes are distinct, more on ties at the threshold, one even at density 0; density 1 is
+            refused (the reference's kthvalue(0) fails there).
+        zero_sign: where the trimmed values of an entry sum to exactly 0. "none": the paper's sgn(0) = 0
+            elects no sign and the entry merges to 0. "majority": as resolve_sign / resolve_zero_signs of the
+            TIES code, the entry takes the sign of the sum of every elected sign over the whole vector (one
+            extra read) and its disjoint merge keeps the values of that sign, the negative ones if that sum is
+            0 too.
+        trim="reference" with zero_sign="majority" and topk_scope="global" is the TIES code exactly.
     """
     return merge("ties", task_vectors, "task", None, **hyperparameters)
 
@@ -310,7 +323,17 @@ def tsv_m(task_vectors: list[TaskVector], **hyperparameters) -> TaskVector:
     """TSV-Merge (Gargiulo et al., 2025, "Task Singular Vectors", arXiv 2412.00081): per weight matrix keep each
     task's top min(out, in) / T singular triplets, concatenate them, orthogonalise the left and right singular
     vectors (polar factor, removing inter-task interference) and recombine; other tensors averaged; times
-    `scaling` (alpha, reference 1). `include_conv` as for wudi."""
+    `scaling` (alpha, reference 1). `include_conv` as for wudi.
+
+    short_matrices: a matrix with fewer singular directions than tasks (min(out, in) < T, so each task's share
+    min(out, in) // T is 0). "average": averaged like a non-matrix tensor, so it still moves. "zero": as the
+    reference code (compute_and_sum_svd_mem_reduction in AntoAndGar/task_singular_vectors
+    src/utils/TSVM_utils.py and FusionBench's method/task_singular_vector/utils/TSVM_utils.py), whose
+    concatenation of zero triplets per task recombines to 0: the matrix keeps w0, dropping every task's
+    update there, which the paper does not ask for; averaging keeps it, as for other tensors. The original
+    code also averages every tensor whose name holds "text_projection" (CLIP's text projection), which we do
+    not single out; with include_conv=False and short_matrices="zero" we match FusionBench's TSVM without
+    exclude_keys (up to rounding: we compute in float32 where it keeps float64 inputs in float64)."""
     return merge("tsv_m", task_vectors, "task", None, **hyperparameters)
 
 
@@ -366,6 +389,12 @@ def fisher(task_vectors: list[TaskVector], fishers: list[dict], **hyperparameter
     Args:
         fishers: per task, {parameter name: diagonal Fisher} (merge.statistics.fisher_statistics).
         normalize_fisher_weight: divide each task's Fisher by its global L2 norm first (FusionBench default).
-        minimal_fisher_weight: added to every weight so coordinates no task informs are averaged.
+        minimal_fisher_weight: m, added to every weight so coordinates no task informs are averaged.
+        normalization: where m enters when normalising. "ours": F_t / ||F_t|| + m (the floor is the same for
+            every task, so a task whose Fisher is all 0, i.e. that knows nothing, weighs least). "reference": as
+            merging_with_fisher_weights in FusionBench's method/fisher_merging/fisher_merging.py (from
+            MergeLM), (F_t + m) / (||F_t|| + m) up to a factor common to all tasks; a task whose Fisher is
+            all 0 then weighs m / m = 1 everywhere, more than any normalised informative entry. Without
+            normalising both are F_t + m.
     """
     return merge("fisher", task_vectors, "task", fishers, **hyperparameters)

@@ -55,6 +55,9 @@ class OperatorSpec:
         return f'{self.summary} ({self.citation}; "{self.title}", arXiv {self.arxiv})'
 
 
+# Where our operator departs from its reference code, a hyperparameter selects the reference's convention and
+# defaults to ours (so results do not move): ties trim / zero_sign, tsv_m short_matrices, fisher normalization,
+# emr rescale / zero_sign; the one-call functions of merge.registry (emr: merge.personalized) say how they differ.
 _SPECS = (
     OperatorSpec(
         "weight_averaging", {},
@@ -70,7 +73,8 @@ _SPECS = (
         "Editing Models with Task Arithmetic", "2212.04089",
     ),
     OperatorSpec(
-        "ties", {"density": 0.2, "scaling": 1.0, "merge_func": "mean", "topk_scope": "global"},
+        "ties", {"density": 0.2, "scaling": 1.0, "merge_func": "mean", "topk_scope": "global", "trim": "round",
+                "zero_sign": "none"},
         "trim to the top-density magnitudes, elect a sign per entry, merge the agreeing entries",
         "Yadav et al., NeurIPS 2023",
         "TIES-Merging: Resolving Interference When Merging Models", "2306.01708",
@@ -96,7 +100,7 @@ _SPECS = (
         "2503.08099",
     ),
     OperatorSpec(
-        "tsv_m", {"scaling": 1.0, "include_conv": True},
+        "tsv_m", {"scaling": 1.0, "include_conv": True, "short_matrices": "average"},
         "per weight matrix, every task's top singular triplets, orthogonalised and recombined",
         "Gargiulo et al., CVPR 2025 (Task Singular Vectors, TSV-Merge)",
         "Task Singular Vectors: Reducing Task Interference in Model Merging", "2412.00081",
@@ -121,14 +125,14 @@ _SPECS = (
         statistic="gram",
     ),
     OperatorSpec(
-        "fisher", {"normalize_fisher_weight": True, "minimal_fisher_weight": 1e-6},
+        "fisher", {"normalize_fisher_weight": True, "minimal_fisher_weight": 1e-6, "normalization": "ours"},
         "the per-parameter mean of the task vectors weighted by each task's diagonal Fisher information",
         "Matena and Raffel, NeurIPS 2022 (Fisher merging)",
         "Merging Models with Fisher-Weighted Averaging", "2111.09832",
         statistic="fisher",
     ),
     OperatorSpec(
-        "emr", {},
+        "emr", {"rescale": "whole_vector", "zero_sign": "none"},
         "an elected unified vector plus, per task, a mask and a rescaler",
         "Huang et al., NeurIPS 2024 (EMR-merging: elect, mask, rescale; one model per task)",
         "EMR-Merging: Tuning-Free High-Performance Model Merging", "2405.17461",

@@ -4,7 +4,8 @@
   via Task Vectors", arXiv 2503.08099 (ICML 2025): Adam on the interference each task's own inputs see
   (`wudi_solve`, with its gradient in closed form).
 - TSV-M: Gargiulo et al., "Task Singular Vectors: Reducing Task Interference in Model Merging", arXiv
-  2412.00081 (CVPR 2025): every task's top singular triplets, orthogonalised.
+  2412.00081 (CVPR 2025): every task's top singular triplets, orthogonalised; a matrix too small to give
+  every task one is averaged, or zeroed as the reference code does (`short_matrices`, merge.registry.tsv_m).
 - Iso-C and Iso-CTS: Marczak et al., "No Task Left Behind: Isotropic Model Merging with Common and
   Task-Specific Subspaces", arXiv 2502.04959 (ICML 2025): a flat singular spectrum over a common subspace,
   with (CTS) every task's own directions outside it.
@@ -81,11 +82,15 @@ def _polar(matrix: torch.Tensor) -> torch.Tensor:
     return u @ vh
 
 
-def _tsvm_tensor(key, tensors, stats, scaling, include_conv):
+def _tsvm_tensor(key, tensors, stats, scaling, include_conv, short_matrices):
     matrices = [matrix_view(t, include_conv) for t in tensors]
+    if matrices[0] is None:
+        return scaling * mean_of(tensors)
     count = len(tensors)
-    rank = min(matrices[0].shape) // count if matrices[0] is not None else 0
-    if rank == 0:  # not a matrix, or fewer singular directions than tasks: averaged
+    rank = min(matrices[0].shape) // count
+    if rank == 0:  # fewer singular directions than tasks: no task gets one
+        if short_matrices == "zero":  # what the reference's empty concatenation recombines to
+            return torch.zeros_like(tensors[0])
         return scaling * mean_of(tensors)
     out_dim, in_dim = matrices[0].shape
     width = min(out_dim, in_dim)
