@@ -199,3 +199,33 @@ def test_an_audit_without_power_is_refused_before_it_runs(tmp_path):
         audit(backbone="toy", backbone_spec={"kind": "toy"}, data=str(tmp_path / "none.pt"), method="naive_dp",
               hparams={}, epsilon=1.0, seed=0, study_key=str(tmp_path / "k"), out=str(tmp_path / "a.parquet"),
               canaries=1000, audit_delta=1e-3)
+
+
+def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tmp_path, wide, monkeypatch):
+    from dpmerge.artifacts import save_prepared
+    from dpmerge.stages.audit import audit
+
+    backbone, features, labels = wide
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
+    generator = torch.Generator().manual_seed(1)
+    held_out = (torch.randn(400, 16, generator=generator),)
+    save_prepared(tmp_path / "toy.pt", task="toy", backbone="toy", task_spec={"num_classes": 4, "metric": "accuracy"},
+                  class_names=list("abcd"), train_features=features, train_labels=labels % 4,
+                  test_features=held_out, test_labels=torch.randint(0, 4, (400,), generator=generator),
+                  pretrained_sha256=backbone.checkpoint_sha256)
+    key = tmp_path / "study.key"
+    key.write_text(TEST_STUDY_KEY.hex())
+    key.chmod(0o600)
+    rows = {}
+    for method, epsilon in (("nonprivate", None), ("naive_dp", 1.0)):
+        rows[method] = audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=str(tmp_path / "toy.pt"),
+                             method=method, hparams={"epochs": 30, "batch_size": 100, "lr": 0.03, "clip_norm": 1.0},
+                             epsilon=epsilon, seed=0, study_key=str(key), out=str(tmp_path / f"{method}.parquet"),
+                             canaries=400, kind="black_box")
+    assert rows["nonprivate"]["audit"] == "black_box" and rows["nonprivate"]["canaries"] == 400
+    # the run trained on the included canaries: N grew by their number
+    import json
+    record = json.loads(rows["naive_dp"]["privacy_record"])
+    assert record["num_train_examples"] == 500 + rows["naive_dp"]["included"]
+    assert rows["nonprivate"]["epsilon_lb"] > 1.0 > rows["naive_dp"]["epsilon_lb"]
+    assert rows["naive_dp"]["verdict"] == "PASS"

@@ -98,7 +98,7 @@ def cmd_audit(args) -> None:
     audit.audit(backbone=args.backbone, backbone_spec=_spec(args), data=args.data, method=args.method,
                 hparams=_json_arg(args.hparams, "--hparams"), epsilon=args.epsilon, seed=args.seed,
                 study_key=args.study_key, out=args.out, canaries=args.canaries, audit_delta=args.audit_delta,
-                confidence=args.confidence, zeroshot_head=args.zeroshot_head)
+                confidence=args.confidence, zeroshot_head=args.zeroshot_head, kind=args.kind)
 
 
 def cmd_merge(args) -> None:

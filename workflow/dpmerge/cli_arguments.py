@@ -155,9 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="repetition index of the audit run")
     p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
     p.add_argument("--hparams", default="{}", help="JSON of FinetuneConfig fields, as for finetune")
+    p.add_argument("--kind", choices=("white_box", "black_box"), default="white_box",
+                   help="white_box: Dirac gradient canaries in the DP step, scored on the task vector; black_box: "
+                        "mislabeled held-out test examples in the training set, scored by the model's loss")
     p.add_argument("--canaries", type=int, default=1000,
-                   help="Dirac canaries m, each in the training set with probability 1/2 (at most the task vector's "
-                        "coordinates)")
+                   help="canaries m, each in the training set with probability 1/2 (white_box: at most the task "
+                        "vector's coordinates; black_box: at most the task's test examples)")
     p.add_argument("--audit-delta", type=float, default=1e-5,
                    help="delta the bound is stated at; 2 m delta must stay below 0.1")
     p.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound")

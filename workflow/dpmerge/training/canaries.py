@@ -1,4 +1,5 @@
-"""White-box canaries for one-run privacy audits (privacy/audit.py): Dirac gradients in the DP step.
+"""Canaries for one-run privacy audits (privacy/audit.py): white-box Dirac gradients in the DP step, and
+black-box mislabeled examples in the training set.
 
 Canary j is an extra "example" whose per-example gradient is C e_j, C the clipping norm and e_j one coordinate
 of the released task vector (Steinke, Nasr & Jagielski, arXiv 2305.08846, Sec. 6: Dirac canaries). Its norm is
@@ -10,6 +11,12 @@ What makes the audit an audit of the accounted mechanism:
 - every draw (coordinates, coins, the canaries' sampling) comes from the study key under the audit run's own
   identity, independent of every release's randomness.
 The score of canary j is -tau_j, read from the released vector: descent moves the weight against C e_j.
+
+Black-box canaries (`InputCanaries`) are examples: held-out test examples, each given a label drawn uniformly
+among its wrong classes, each in the training set with probability 1/2; the trained model's loss on a canary's
+wrong label is low when it was trained on, so its score is minus that loss. They go through the pipeline as
+the data does (sampling, clipping, noise), which is what a black-box audit measures, and they see only what a
+model user sees.
 """
 
 from __future__ import annotations
@@ -78,3 +85,29 @@ class DiracCanaries:
 
     def steps_in_batch(self) -> int:
         return int(self._active.sum())
+
+
+class InputCanaries:
+    def __init__(self, features: tuple[torch.Tensor, ...], labels: torch.Tensor, num_classes: int, randomness):
+        """`features`, `labels`: m held-out examples (never in the training set) with their true labels."""
+        count = int(labels.shape[0])
+        if count < 2 or num_classes < 2:
+            raise ValueError(f"black-box canaries need at least 2 held-out examples and 2 classes, got {count} "
+                             f"and {num_classes}")
+        if labels.is_floating_point():
+            raise ValueError("black-box canaries are mislabeled examples: the task must be a classification")
+        self.features = tuple(f.clone() for f in features)
+        shift = 1 + (randomness.stream("audit_input_canary_labels").uniform(count) * (num_classes - 1)).long()
+        self.labels = (labels.long() + shift.clamp(max=num_classes - 1)) % num_classes  # never the true label
+        self.included = randomness.stream("audit_input_canary_membership").uniform(count) < 0.5
+
+    def training_set(self, features: tuple[torch.Tensor, ...], labels: torch.Tensor):
+        """The training set with the included canaries appended (N grows by their number, as it would)."""
+        pick = torch.nonzero(self.included).flatten()
+        return (tuple(torch.cat([f, c[pick].to(f.dtype)]) for f, c in zip(features, self.features)),
+                torch.cat([labels, self.labels[pick].to(labels.dtype)]))
+
+    def scores(self, per_example_loss) -> torch.Tensor:
+        """Minus each canary's loss on its wrong label under the released model (`per_example_loss(features,
+        labels)` -> one loss per example)."""
+        return -per_example_loss(self.features, self.labels).double()

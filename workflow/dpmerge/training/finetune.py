@@ -34,7 +34,7 @@ from dpmerge.privacy.accounting import (
 from dpmerge.privacy.randomness import RNG_MODES, MechanismRandomness
 from dpmerge.privacy.study_key import mechanism_fingerprint
 from dpmerge.runtime import compute_line
-from dpmerge.training.canaries import DiracCanaries
+from dpmerge.training.canaries import DiracCanaries, InputCanaries
 from dpmerge.training.dp_step import method_update, poisson_batch, privatized_gradient
 from dpmerge.training.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.training.persample import STRATEGIES, make_clipper
@@ -175,6 +175,7 @@ def finetune(
     head: dict[str, torch.Tensor] | None = None,
     train_head: bool = True,
     audit_canaries: int = 0,
+    input_canaries: InputCanaries | None = None,
 ) -> TrainingResult:
     """Fine-tune the backbone's top and a head on one task; return the task vector and privacy record.
 
@@ -194,11 +195,14 @@ def finetune(
 
     With `audit_canaries` = m > 0 the run is a privacy audit's (privacy/audit.py): m Dirac canaries
     (training/canaries.py) join the training set, each with probability 1/2, and the result carries them.
+    With `input_canaries` (black-box), the included ones join the training set before anything is sampled.
     Such a run is never a release, and it is not checkpointed.
     """
-    if audit_canaries and checkpoint is not None:
+    if (audit_canaries or input_canaries is not None) and checkpoint is not None:
         raise ValueError("an audit run is not checkpointed: its canaries' draws are not part of the saved state")
     method = METHODS[config.method]
+    if input_canaries is not None:
+        train_features, train_labels = input_canaries.training_set(tuple(train_features), train_labels)
     num_examples = int(train_labels.shape[0])
     if config.batch_size > num_examples:
         raise ValueError(f"batch_size {config.batch_size} exceeds the {num_examples} training examples")
