@@ -229,3 +229,52 @@ def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tm
     assert record["num_train_examples"] == 500 + rows["naive_dp"]["included"]
     assert rows["nonprivate"]["epsilon_lb"] > 1.0 > rows["naive_dp"]["epsilon_lb"]
     assert rows["naive_dp"]["verdict"] == "PASS"
+
+
+def prepared_task(folder, name, backbone, seed):
+    from dpmerge.artifacts import save_prepared
+
+    generator = torch.Generator().manual_seed(seed)
+    save_prepared(folder / f"{name}.pt", task=name, backbone="toy", task_spec={"num_classes": 4, "metric": "accuracy"},
+                  class_names=list("abcd"), train_features=(torch.randn(500, 16, generator=generator),),
+                  train_labels=torch.randint(0, 4, (500,), generator=generator),
+                  test_features=(torch.randn(400, 16, generator=generator),),
+                  test_labels=torch.randint(0, 4, (400,), generator=generator),
+                  pretrained_sha256=backbone.checkpoint_sha256)
+    return str(folder / f"{name}.pt")
+
+
+@pytest.mark.parametrize("kind", ["white_box", "black_box"])
+def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_claim(tmp_path, wide, monkeypatch,
+                                                                                     kind):
+    from dpmerge import cli
+
+    backbone = wide[0]
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
+    key = tmp_path / "study.key"
+    key.write_text(TEST_STUDY_KEY.hex())
+    key.chmod(0o600)
+    spec = '{"kind": "efficientnet_lite0"}'
+    runs = []
+    for index, task in enumerate(("alpha", "beta")):
+        runs.append(str(tmp_path / f"{task}.run"))
+        cli.main(["audit", "--backbone", "toy", "--backbone-spec", spec, "--data",
+                  prepared_task(tmp_path, task, backbone, index), "--method", "nonprivate", "--study-key", str(key),
+                  "--kind", kind, "--canaries", "400", "--hparams",
+                  '{"epochs": 30, "batch_size": 100, "lr": 0.03, "clip_norm": 1.0}',
+                  "--keep-run", runs[-1], "-o", str(tmp_path / f"{task}.parquet")])
+    assert (Path(runs[0]).stat().st_mode & 0o777) == 0o600  # the coins are secret
+    cli.main(["audit-merge", *runs, "--method", "task_arithmetic", "--param", "scaling=0.5", "--backbone-spec", spec,
+              "-o", str(tmp_path / "merged.parquet")])
+    merged = pd.read_parquet(tmp_path / "merged.parquet")
+    assert list(merged["task"]) == ["alpha", "beta"] and set(merged["operator"]) == {"task_arithmetic"}
+    individual = [pd.read_parquet(tmp_path / f"{task}.parquet")["epsilon_lb"].iloc[0] for task in ("alpha", "beta")]
+    assert list(merged["individual_epsilon_lb"]) == individual
+    # without noise the merged model exposes less than each task's own model, and in parameter space still much:
+    # a canary's coordinate keeps its sign under scaling, only the other task's vector blurs it
+    assert (merged["epsilon_lb"] < merged["individual_epsilon_lb"]).all()
+    if kind == "white_box":
+        assert (merged["epsilon_lb"] > 0.5).all()
+    with pytest.raises(SystemExit, match="one kept run per task"):
+        cli.main(["audit-merge", runs[0], runs[0], "--method", "task_arithmetic", "--backbone-spec", spec,
+                  "-o", str(tmp_path / "twice.parquet")])

@@ -98,7 +98,14 @@ def cmd_audit(args) -> None:
     audit.audit(backbone=args.backbone, backbone_spec=_spec(args), data=args.data, method=args.method,
                 hparams=_json_arg(args.hparams, "--hparams"), epsilon=args.epsilon, seed=args.seed,
                 study_key=args.study_key, out=args.out, canaries=args.canaries, audit_delta=args.audit_delta,
-                confidence=args.confidence, zeroshot_head=args.zeroshot_head, kind=args.kind)
+                confidence=args.confidence, zeroshot_head=args.zeroshot_head, kind=args.kind,
+                keep_run=args.keep_run)
+
+
+def cmd_audit_merge(args) -> None:
+    runtime.set_threads(args.threads)
+    audit.audit_merged(runs=args.runs, operator=args.method, params=_parse_params(args.param),
+                       backbone_spec=_spec(args), out=args.out)
 
 
 def cmd_merge(args) -> None:
@@ -234,7 +241,7 @@ def cmd_select_budget(args) -> None:
 
 COMMANDS = {
     "prepare": cmd_prepare, "zeroshot-head": cmd_zeroshot_head, "prepare-data": cmd_prepare_data,
-    "make-standins": cmd_make_standins, "pretrained": cmd_pretrained, "finetune": cmd_finetune, "audit": cmd_audit,
+    "make-standins": cmd_make_standins, "pretrained": cmd_pretrained, "finetune": cmd_finetune, "audit": cmd_audit, "audit-merge": cmd_audit_merge,
     "merge": cmd_merge,
     "statistics": cmd_statistics, "evaluate": cmd_evaluate, "drift": cmd_drift, "linearity": cmd_linearity,
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,

@@ -167,7 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--keep-run", default=None,
+                   help="private file (mode 0600) keeping the run's vector, head and canaries with their secret "
+                        "coins, for 'dpmerge audit-merge'")
     p.add_argument("-o", "--out", required=True, help="the audit's row .parquet")
+
+    p = add("audit-merge", "Audit merged models: merge the kept audit runs of one release group (one per task, "
+                           "'dpmerge audit --keep-run') and bound each task's epsilon from its canaries on the "
+                           "merged model; FAIL when a bound exceeds the task's claim (merging is post-processing).")
+    p.add_argument("runs", nargs="+", help="kept audit runs, one per task")
+    p.add_argument("--method", required=True, help="merge operator (see 'dpmerge merge --help')")
+    p.add_argument("--param", action="append", default=[], help="operator hyperparameter key=value (repeatable)")
+    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("-o", "--out", required=True, help="one row per task .parquet")
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())

@@ -17,6 +17,9 @@ from __future__ import annotations
 import json
 import time
 
+import torch
+
+from dpmerge.artifacts import atomic_write
 from dpmerge.epsilon import epsilon_column_value
 from dpmerge.stages.common import log, write_parquet
 
@@ -26,10 +29,12 @@ AUDIT_KINDS = ("white_box", "black_box")
 
 def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams: dict, epsilon: float | None,
           seed: int, study_key: str, out: str, canaries: int = 1000, audit_delta: float = AUDIT_DELTA,
-          confidence: float = 0.95, zeroshot_head: str | None = None, kind: str = "white_box") -> dict:
+          confidence: float = 0.95, zeroshot_head: str | None = None, kind: str = "white_box",
+          keep_run: str | None = None) -> dict:
     """Run `method` on the task in `data` with `canaries` canaries of `kind` and write one Parquet row: epsilon_lb
     at `audit_delta` and `confidence`, the accountant's epsilon for the run at that delta, and the verdict (FAIL
-    when the bound exceeds the claim). Returns the row."""
+    when the bound exceeds the claim). Returns the row. `keep_run`: a private file (mode 0600) keeping the run's
+    vector, head and canaries with their coins, for `audit_merged`."""
     from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
     from dpmerge.privacy.audit import audit_scores
     from dpmerge.privacy.randomness import MechanismRandomness
@@ -76,6 +81,13 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         "claimed_epsilon_at_audit_delta": claimed, "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS",
         "training_seconds": trained, "privacy_record": json.dumps(record, sort_keys=True, default=str),
     }
+    if keep_run:
+        canary_state = ({"coordinates": result.canaries.coordinates, "names": [n for n, _ in
+                                                                              result.canaries.released_layout]}
+                        if kind == "white_box" else {"features": list(inputs.features), "labels": inputs.labels})
+        kept = {"row": row, "record": record, "kind": kind, "task_vector": result.task_vector, "head": result.head,
+                "included": included, "canaries": canary_state}
+        atomic_write(keep_run, lambda tmp: torch.save(kept, tmp), private=True)  # the coins stay secret
     write_parquet([row], out)
     log(f"[audit] {backbone}/{prepared['task']}/{method}: epsilon_lb {bound['epsilon_lb']:.3f} at delta "
         f"{audit_delta:g} ({bound['correct']}/{bound['guesses']} guesses right, {canaries} canaries), claimed "
@@ -120,3 +132,68 @@ def trained_model_loss(network, result):
             network.load_top_state(w0)
 
     return loss
+
+
+def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec: dict, out: str) -> list[dict]:
+    """Merge the kept audit runs of one release group (one per task, `dpmerge audit --keep-run`) with `operator`
+    and audit each task's canaries on the merged model, one Parquet row per task. Merging is post-processing, so
+    a merged model's bound above its task's claim is a FAIL like an individual's."""
+    from dpmerge.merge.registry import OPERATORS, is_personalized, merge
+    from dpmerge.models.base import TaskModel, task_model_weights
+    from dpmerge.models.losses import task_loss
+    from dpmerge.models.spec import backbone_from_spec
+    from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
+    from dpmerge.privacy.audit import audit_scores
+    from dpmerge.training.canaries import dirac_scores
+
+    if operator not in OPERATORS or is_personalized(operator):
+        raise ValueError(f"--method {operator!r}: an audit merges with a registered operator that makes one model")
+    kept = []
+    for path in runs:
+        try:
+            kept.append(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception as error:
+            raise ValueError(f"{path} is not a kept audit run ('dpmerge audit --keep-run'): {error}") from None
+    rows = [k["row"] for k in kept]
+    for field in ("backbone", "method", "target_epsilon", "audit", "seed"):
+        if len({str(r[field]) for r in rows}) != 1:
+            raise ValueError(f"the runs differ in {field} ({sorted({str(r[field]) for r in rows})}): one release "
+                             "group's audits merge together")
+    tasks = [r["task"] for r in rows]
+    if len(set(tasks)) != len(tasks) or len(tasks) < 2:
+        raise ValueError(f"one kept run per task, at least two: got tasks {tasks}")
+    if len({k["record"]["w0_sha256"] for k in kept}) != 1:
+        raise ValueError("the runs were trained from different w0")
+    merged = merge(operator, [k["task_vector"] for k in kept], **params)
+    network = w0 = None
+    out_rows = []
+    for path, run in zip(runs, kept):
+        row = run["row"]
+        if run["kind"] == "white_box":
+            scores = dirac_scores(run["canaries"]["names"], run["canaries"]["coordinates"], merged)
+        else:
+            if network is None:
+                network = backbone_from_spec(backbone_spec)
+                w0 = network.top_state()
+            model = TaskModel.with_head(network, run["head"])
+            network.load_top_state(task_model_weights(w0, merged))
+            try:
+                with torch.no_grad(), network.autocast():
+                    scores = -task_loss(model(*(f.to(network.device) for f in run["canaries"]["features"])),
+                                        run["canaries"]["labels"].to(network.device), reduction="none").cpu()
+            finally:
+                network.load_top_state(w0)
+        bound = audit_scores(scores.double().numpy(), run["included"].numpy(), row["audit_delta"], row["confidence"])
+        record = run["record"]
+        claimed = (composed_epsilon(record_mechanisms(record), row["audit_delta"], record["accountant"])
+                   if record["accountant"] is not None else float("inf"))
+        out_rows.append({
+            **{k: row[k] for k in ("backbone", "task", "method", "target_epsilon", "seed", "audit")},
+            "model": "merged", "operator": operator, "individual_epsilon_lb": row["epsilon_lb"], **bound,
+            "audit_delta": row["audit_delta"], "claimed_epsilon_at_audit_delta": claimed,
+            "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS",
+        })
+        log(f"[audit] {operator} of {len(runs)} runs, {row['task']}: epsilon_lb {bound['epsilon_lb']:.3f} "
+            f"(individual {row['epsilon_lb']:.3f}, claimed {claimed:.3f}): {out_rows[-1]['verdict']}")
+    write_parquet(out_rows, out)
+    return out_rows

@@ -80,11 +80,16 @@ class DiracCanaries:
 
     def scores(self, task_vector: dict[str, torch.Tensor]) -> torch.Tensor:
         """-tau_j for every canary, read from a released (or merged) task vector's tensors."""
-        flat = torch.cat([task_vector[name].reshape(-1).double() for name, _ in self.released_layout])
-        return -flat[self.coordinates]
+        return dirac_scores([name for name, _ in self.released_layout], self.coordinates, task_vector)
 
     def steps_in_batch(self) -> int:
         return int(self._active.sum())
+
+
+def dirac_scores(names: list[str], coordinates: torch.Tensor, task_vector: dict[str, torch.Tensor]) -> torch.Tensor:
+    """-tau at each canary's coordinate, the coordinates flat over `names` in that order."""
+    flat = torch.cat([task_vector[name].reshape(-1).double() for name in names])
+    return -flat[coordinates]
 
 
 class InputCanaries:
