@@ -191,6 +191,26 @@ def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tm
     assert broken["epsilon_lb"] > broken["claimed_epsilon_at_audit_delta"] > 0.5  # the claim holds at delta 1e-5
     assert '"noise_multiplier"' in broken["privacy_record"]
 
+    # The ledger: the broken run's bound refutes its record; the honest one's run composes with its task's
+    # releases; a claim edited in a row is caught, since the check recomputes it from the run's record.
+    from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
+    from dpmerge.privacy.ledger import task_composition
+    from test_privacy import ledger, release
+
+    audits = build_audit_ledger([str(tmp_path / "honest.parquet"), str(tmp_path / "broken.parquet")])
+    problems = check_audits(audits)
+    assert len(problems) == 1 and "broken.parquet" in problems[0] and "exceeds the epsilon" in problems[0]
+    releases = ledger(release("toy", epsilon=0.5))
+    alone = task_composition(releases).iloc[0]
+    honest_run = audits[audits["path"].str.endswith("honest.parquet")]
+    with_audits = task_composition(releases, audits=honest_run).iloc[0]
+    assert with_audits["private_audit_mechanisms"] == 1 and alone["private_audit_mechanisms"] == 0
+    assert with_audits["composed_epsilon"] > alone["composed_epsilon"] + 0.1
+    edited = pd.read_parquet(tmp_path / "honest.parquet")
+    edited["claimed_epsilon_at_audit_delta"] = 50.0
+    edited.to_parquet(tmp_path / "edited.parquet")
+    assert any("its record gives" in p for p in check_audits(build_audit_ledger([str(tmp_path / "edited.parquet")])))
+
 
 def test_an_audit_without_power_is_refused_before_it_runs(tmp_path):
     from dpmerge.stages.audit import audit

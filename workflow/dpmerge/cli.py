@@ -212,7 +212,8 @@ def cmd_plot_landscape(args) -> None:
 
 def cmd_ledger(args) -> None:
     ledger.ledger(task_vectors=args.task_vectors, out=args.out, report=args.report, statistics=args.statistics,
-                  statistics_out=args.statistics_out, check_out=args.check_out)
+                  statistics_out=args.statistics_out, check_out=args.check_out, audits=args.audits,
+                  audits_out=args.audits_out)
 
 
 def cmd_answer(args) -> None:

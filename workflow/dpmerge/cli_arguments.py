@@ -353,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--statistics", nargs="*", help="merge statistics files (from 'dpmerge statistics')")
     p.add_argument("--statistics-out", help="per-task ledger of merge statistics .parquet")
     p.add_argument("--check-out", help="the check's verdict .json (verdict PASS/FAIL, problems, counts)")
+    p.add_argument("--audits", nargs="*", help="audit rows (from 'dpmerge audit' and 'dpmerge audit-merge'): their "
+                                               "runs compose with their tasks' releases, and a bound above its "
+                                               "claim fails the check")
+    p.add_argument("--audits-out", help="ledger of the audits .parquet")
 
     p = add("answer", "The study's answer on one page (DP-Merging - DP per backbone and operator, the ablation, "
                       "the ledger's verdict) as Markdown and as the report's front page (.rst).")

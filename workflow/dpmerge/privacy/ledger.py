@@ -184,14 +184,21 @@ def check_statistics(statistics: pd.DataFrame, ledger: pd.DataFrame) -> list[str
     return problems
 
 
-def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per task (one dataset, whichever backbones fine-tuned on it): every private release and private
-    statistic composed (`composed_epsilon`), and the epsilon of publishing everything in the ledger
+def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = None,
+                     audits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per task (one dataset, whichever backbones fine-tuned on it): every private release, private statistic and
+    private audit run composed (`composed_epsilon`), and the epsilon of publishing everything in the ledger
     (`published_epsilon`), which a non-private release of the task makes infinite."""
+    from dpmerge.privacy.audit_ledger import audit_mechanisms
+
     rows = []
     for task, group in ledger.groupby("task"):
         private = group[group["method"].map(_is_private)]
         mechanisms = [tuple(m) for value in private["mechanisms"] for m in json.loads(value)]
+        audited = audit_mechanisms(audits, task)
+        mechanisms += audited
+        audit_deltas = [] if audits is None or not len(audits) else [
+            float(d) for d in audits[(audits["task"] == task) & (audits["model"] == "individual")]["delta"]]
         count = 0
         if statistics is not None and len(statistics):
             drawn = statistics[(statistics["task"] == task) & (statistics["source"] == "private")
@@ -200,11 +207,12 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
                 mechanisms += step_mechanisms(float(row.noise_multiplier), float(row.sample_rate), {1: 1},
                                               row.neighbouring)
                 count += 1
-        delta = max((float(d) for d in private["delta"]), default=0.0)
+        delta = max([float(d) for d in private["delta"]] + audit_deltas, default=0.0)
         nonprivate = int((~group["method"].map(_is_private)).sum())
         epsilon = composed_epsilon(mechanisms, delta, COMPOSITION_ACCOUNTANT) if mechanisms else 0.0
         rows.append({"task": task, "backbones": ", ".join(sorted(group["backbone"].astype(str).unique())),
                      "private_releases": len(private), "private_statistics": count,
+                     "private_audit_mechanisms": len(audited),
                      "nonprivate_releases": nonprivate,
                      "max_single_epsilon": max((epsilon_value(e) for e in private["spent_epsilon"]), default=0.0),
                      "composed_epsilon": epsilon, "published_epsilon": math.inf if nonprivate else epsilon,
@@ -225,7 +233,8 @@ RELATIONS = {"add_remove": "add/remove one example, with the dataset size N trea
 CHECK_VERDICTS = ("PASS", "FAIL")
 
 
-def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None) -> dict:
+def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
+                 audits: pd.DataFrame | None = None) -> dict:
     """The check's outcome as data (privacy/ledger_check.json): what the answer page and other tools read instead
     of parsing the Markdown report. `independent_gap_percent` is the independent accountant's epsilon relative to
     each private record's claimed one (min and max, %), None when no record is private."""
@@ -236,10 +245,12 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
         gap = {"min": float(relative.min()), "max": float(relative.max())}
     return {"verdict": "FAIL" if problems else "PASS", "problems": list(problems), "releases": int(len(ledger)),
             "private_releases": int(len(private)),
-            "statistics": 0 if statistics is None else int(len(statistics)), "independent_gap_percent": gap}
+            "statistics": 0 if statistics is None else int(len(statistics)),
+            "audits": 0 if audits is None else int(len(audits)), "independent_gap_percent": gap}
 
 
-def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None) -> str:
+def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
+                  audits: pd.DataFrame | None = None) -> str:
     relations = sorted(set(ledger.get("neighbouring", pd.Series(dtype=str)).dropna()))
     lines = ["# Privacy ledger", "", f"{len(ledger)} released task vectors.", "",
              THREAT_MODEL.format(relations="; ".join(RELATIONS.get(r, r) for r in relations) or "none recorded"),
@@ -256,9 +267,10 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
         backbone, method, rho, anchor_lambda, target, seed = key
         lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {target} | {seed} | {len(group)} | "
                      f"{spent:.4f} | {delta:.3g} |")
-    composition = task_composition(ledger, statistics)
+    composition = task_composition(ledger, statistics, audits)
     lines += ["", "## Everything published, composed per task", "",
-              "Every private release and private statistic of the ledger that read a task's data, composed "
+              "Every private release, private statistic and private audit run of the ledger that read a task's "
+              "data, composed "
               f"({COMPOSITION_ACCOUNTANT.upper()}, at the task's delta): the epsilon of publishing all of them "
               "together. The non-private reference is a baseline to compare against, not a release: publishing "
               "it too would leave its task's data unprotected (last column).", "",
@@ -283,8 +295,12 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
             data = f"public: {row.public_dataset}" if row.source == "public" else "private"
             lines.append(f"| {row.path} | {row.kind} | {data} | {row.method} | {row.target_epsilon} | "
                          f"{row.task} | {row.examples} | {rate} | {sigma} | {total} |")
+    if audits is not None:
+        from dpmerge.privacy.audit_ledger import audit_report
+
+        lines += audit_report(audits)
     lines += ["", "## Check", ""]
-    check = ledger_check(ledger, problems, statistics)
+    check = ledger_check(ledger, problems, statistics, audits)
     if (gap := check["independent_gap_percent"]) is not None:
         lines += [f"Independent accountant (dp_accounting) on the {check['private_releases']} private records: "
                   f"{gap['min']:+.3f} % to {gap['max']:+.3f} % of the claimed epsilon.", ""]

@@ -10,12 +10,14 @@ from dpmerge.stages.common import log
 
 
 def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[str] | None = None,
-           statistics_out: str | None = None, check_out: str | None = None) -> None:
+           statistics_out: str | None = None, check_out: str | None = None, audits: list[str] | None = None,
+           audits_out: str | None = None) -> None:
     """Write the ledger (and the statistics' ledger), the report and the check's verdict (`check_out`, JSON),
     then fail if any check failed: report and verdict are written either way, so a failed check can be read."""
     import json
 
     from dpmerge.artifacts import atomic_write
+    from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
     from dpmerge.privacy.ledger import (
         build_ledger,
         build_statistics_ledger,
@@ -27,13 +29,17 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
 
     table = build_ledger(task_vectors)
     statistics_table = build_statistics_ledger(statistics or [])
-    problems = check_ledger(table) + check_statistics(statistics_table, table)
+    audit_table = build_audit_ledger(audits or [])
+    problems = check_ledger(table) + check_statistics(statistics_table, table) + check_audits(audit_table)
     atomic_write(out, lambda tmp: table.to_parquet(tmp, index=False))
     if statistics_out:
         atomic_write(statistics_out, lambda tmp: statistics_table.to_parquet(tmp, index=False))
-    atomic_write(report, lambda tmp: Path(tmp).write_text(ledger_report(table, problems, statistics_table)))
+    if audits_out:
+        atomic_write(audits_out, lambda tmp: audit_table.to_parquet(tmp, index=False))
+    atomic_write(report, lambda tmp: Path(tmp).write_text(ledger_report(table, problems, statistics_table,
+                                                                        audit_table)))
     if check_out:
-        verdict = ledger_check(table, problems, statistics_table)
+        verdict = ledger_check(table, problems, statistics_table, audit_table)
         atomic_write(check_out, lambda tmp: Path(tmp).write_text(json.dumps(verdict, indent=1) + "\n"))
     if problems:
         raise ValueError("privacy ledger check failed:\n  " + "\n  ".join(problems))
