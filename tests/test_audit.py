@@ -295,6 +295,16 @@ def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_c
     assert (merged["epsilon_lb"] < merged["individual_epsilon_lb"]).all()
     if kind == "white_box":
         assert (merged["epsilon_lb"] > 0.5).all()
+    # the table and figure read individual and merged audits together
+    cli.main(["audit-report", str(tmp_path / "alpha.parquet"), str(tmp_path / "beta.parquet"),
+              str(tmp_path / "merged.parquet"), "--out-prefix", str(tmp_path / "audit"),
+              "--figure", str(tmp_path / "audit.png"), str(tmp_path / "audit.pdf")])
+    summary = pd.read_parquet(tmp_path / "audit.parquet")
+    assert len(summary) == 1 and summary["audits"].iloc[0] == 4 and summary["verdict"].iloc[0] == "PASS"
+    assert summary[f"{kind} individual epsilon_lb"].iloc[0] == max(individual)
+    assert summary[f"{kind} merged epsilon_lb"].iloc[0] == merged["epsilon_lb"].max()
+    assert "| nonprivate |" in (tmp_path / "audit.md").read_text()
+    assert (tmp_path / "audit.png").stat().st_size > 0 and (tmp_path / "audit.pdf").stat().st_size > 0
     with pytest.raises(SystemExit, match="one kept run per task"):
         cli.main(["audit-merge", runs[0], runs[0], "--method", "task_arithmetic", "--backbone-spec", spec,
                   "-o", str(tmp_path / "twice.parquet")])

@@ -102,6 +102,10 @@ def cmd_audit(args) -> None:
                 keep_run=args.keep_run)
 
 
+def cmd_audit_report(args) -> None:
+    audit.audit_report(audit_files=args.audits, out_prefix=args.out_prefix, figure=args.figure)
+
+
 def cmd_audit_merge(args) -> None:
     runtime.set_threads(args.threads)
     audit.audit_merged(runs=args.runs, operator=args.method, params=_parse_params(args.param),
@@ -243,6 +247,7 @@ def cmd_select_budget(args) -> None:
 COMMANDS = {
     "prepare": cmd_prepare, "zeroshot-head": cmd_zeroshot_head, "prepare-data": cmd_prepare_data,
     "make-standins": cmd_make_standins, "pretrained": cmd_pretrained, "finetune": cmd_finetune, "audit": cmd_audit, "audit-merge": cmd_audit_merge,
+    "audit-report": cmd_audit_report,
     "merge": cmd_merge,
     "statistics": cmd_statistics, "evaluate": cmd_evaluate, "drift": cmd_drift, "linearity": cmd_linearity,
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,

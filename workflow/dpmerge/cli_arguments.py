@@ -172,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "coins, for 'dpmerge audit-merge'")
     p.add_argument("-o", "--out", required=True, help="the audit's row .parquet")
 
+    p = add("audit-report", "The audits' table (per backbone, method and target epsilon: the claim at the audit's "
+                            "delta and the largest bound per kind, individual and merged) and figure (bounds "
+                            "against claims, with the diagonal).")
+    p.add_argument("audits", nargs="+", help="audit rows from 'dpmerge audit' and 'dpmerge audit-merge'")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
+    p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
+
     p = add("audit-merge", "Audit merged models: merge the kept audit runs of one release group (one per task, "
                            "'dpmerge audit --keep-run') and bound each task's epsilon from its canaries on the "
                            "merged model; FAIL when a bound exceeds the task's claim (merging is post-processing).")

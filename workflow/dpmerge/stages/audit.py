@@ -197,3 +197,26 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
             f"(individual {row['epsilon_lb']:.3f}, claimed {claimed:.3f}): {out_rows[-1]['verdict']}")
     write_parquet(out_rows, out)
     return out_rows
+
+
+def audit_report(*, audit_files: list[str], out_prefix: str, figure: list[str]):
+    """The audits' table (report/audit.py: PREFIX.parquet, .md, .tex) and figure, from the audit ledger's rows
+    (each claim recomputed from its run's record)."""
+    import pandas as pd
+
+    from dpmerge.privacy.audit_ledger import build_audit_ledger
+    from dpmerge.report.audit import audit_summary, plot_audit, write_audit_table
+
+    audits = build_audit_ledger(audit_files)
+    if not len(audits):
+        raise ValueError("no audit rows in the given files")
+    summary = audit_summary(audits)
+    confidence = ", ".join(sorted({f"{100 * c:g} %" for c in pd.read_parquet(audit_files[0])["confidence"]}))
+    caption = (f"One-run privacy audits (Steinke et al. 2023): the largest lower bound on epsilon over tasks at "
+               f"{confidence} confidence and the audit's delta, beside the epsilon the accountant gives the audited "
+               "run. A lower bound, not a guarantee: a bound far below the claim says the audit had little power, "
+               "not that the claim is loose.")
+    write_audit_table(summary, out_prefix, caption)
+    plot_audit(audits, figure, "Audited epsilon against the claim")
+    log(f"[audit] {len(audits)} audited models in {len(summary)} settings -> {out_prefix}.md")
+    return summary
