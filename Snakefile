@@ -6,6 +6,10 @@ from snakemake.utils import min_version
 
 min_version("9.20")
 
+# Where envs/dpmerge.yaml installs the package from under --sdm conda (its pip line reads ${DPMERGE_SOURCE}):
+# this checkout, wherever Snakemake puts its copy of the env file and whichever directory the run is in.
+os.environ.setdefault("DPMERGE_SOURCE", workflow.basedir)
+
 # Jobs on this machine start by forking a warm process that has torch and the models imported (seconds saved
 # per job, identical outputs: workflow/dpmerge/forkserver.py). DPMERGE_FORKSERVER=0 turns it off, e.g. to read
 # a job's memory from its benchmark file; cluster jobs never use it.

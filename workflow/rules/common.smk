@@ -37,6 +37,10 @@ RESULTS = config["results"]
 # the virtual environment was not activated.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
+# Every rule's software under --sdm conda. Snakemake reads a rule's `conda:` path relative to the file that
+# defines the rule: all of them are in workflow/rules/.
+DPMERGE_ENV = "../../envs/dpmerge.yaml"
+
 
 def result(path):
     """A path under the configured results folder."""

@@ -11,6 +11,8 @@ rule pretrained:
         result("logs/pretrained/{backbone}.log"),
     benchmark:
         result("benchmarks/pretrained/{backbone}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=2000,
@@ -34,6 +36,8 @@ rule prepare:
         result("logs/prepare/{backbone}/{task}.log"),
     benchmark:
         result("benchmarks/prepare/{backbone}/{task}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -57,6 +61,8 @@ rule zeroshot_head:
         spec=backbone_spec,
     log:
         result("logs/zeroshot_head/{backbone}/{task}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -87,6 +93,8 @@ rule finetune:
         result("logs/finetune/{backbone}/{eps}/{method}/{seed}/{task}.log"),
     benchmark:
         result("benchmarks/finetune/{backbone}/{eps}/{method}/{seed}/{task}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 6000),
@@ -111,6 +119,8 @@ rule privacy_ledger:
         check=LEDGER_CHECK,
     log:
         result("logs/privacy_ledger.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,

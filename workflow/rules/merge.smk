@@ -19,6 +19,8 @@ rule merge_statistics:
         result("logs/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
         result("benchmarks/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -50,6 +52,8 @@ rule merge:
         result("logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
         result("benchmarks/merge/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -78,6 +82,8 @@ rule evaluate_individual:
         result("logs/evaluate_individual/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
         result("benchmarks/evaluate_individual/{backbone}/{eps}/{method}/{seed}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),

@@ -17,6 +17,8 @@ rule table1:
         metric=table1_metric_flag,
     log:
         result("logs/table1/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -41,6 +43,8 @@ rule table4:
         operator=TABLE_OPERATOR,
     log:
         result("logs/table4.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -64,6 +68,8 @@ rule table5:
         caption=table5_caption,
     log:
         result("logs/table5/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -87,6 +93,8 @@ rule table6:
         operator=TABLE_OPERATOR,
     log:
         result("logs/table6/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -111,6 +119,8 @@ rule table7:
         operator=TABLE_OPERATOR,
     log:
         result("logs/table7/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -134,6 +144,8 @@ rule table8:
         caption=table8_caption,
     log:
         result("logs/table8/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -150,6 +162,8 @@ rule tables_index:
         text=tables_index_text(),
     log:
         result("logs/tables_index.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=500,
@@ -170,6 +184,8 @@ rule figure_interpolation:
         title=interpolation_title,
     log:
         result("logs/figure_interpolation/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -190,6 +206,8 @@ rule figure_sharpness_drift:
         title=sharpness_drift_title,
     log:
         result("logs/figure_sharpness_drift/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -210,6 +228,8 @@ rule figure_gap_bound:
         title=gap_bound_title,
     log:
         result("logs/figure_gap_bound/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -229,6 +249,8 @@ rule figure_landscape:
         title=landscape_title,
     log:
         result("logs/figure_landscape/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -252,6 +274,8 @@ rule answer:
         description=os.path.join(workflow.current_basedir, "..", "report", "workflow.rst"),
     log:
         result("logs/answer.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -274,6 +298,8 @@ rule select_budget:
         seeds=len(SEEDS),
     log:
         result("logs/select_budget.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
