@@ -34,8 +34,10 @@ check_config(config)
 RESULTS = config["results"]
 
 # Rules call the `dpmerge` command installed beside the Python that runs Snakemake (e.g. .venv/bin), also when
-# the virtual environment was not activated.
-os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+# the virtual environment was not activated (under --sdm conda, the activated env's bin comes first). A write,
+# not a variable the user must set, so no `envvars:`: that would also export this host's PATH to cluster jobs,
+# which prepend their own.
+os.environ.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
 
 # Every rule's software under --sdm conda. Snakemake reads a rule's `conda:` path relative to the file that
 # defines the rule: all of them are in workflow/rules/.
@@ -176,6 +178,12 @@ def seed_number(wildcards):
 
 def tasks_of(wildcards):
     return config["backbones"][wildcards.backbone]["tasks"]
+
+
+def output_prefix(wildcards, output):
+    """A table's --out-prefix, from its job's own outputs: it follows them wherever they are stored (e.g. a
+    storage plugin's local copy), where a fixed path would not."""
+    return output.parquet.removesuffix(".parquet")
 
 
 def per_task(pattern):

@@ -46,7 +46,8 @@ rule prepare:
     shell:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
-        "--data-seed {params.seed} {params.validation} " + DATA_DIR_ARGUMENT + " "
+        "--data-seed {params.seed} {params.validation} "
+        f"{DATA_DIR_ARGUMENT} "
         "--workers {threads} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -101,10 +102,16 @@ rule finetune:
         runtime=backbone_resource("runtime", "12h"),
         gpu=gpus,
     shell:
+        # The key's path and the checkpoint interval are part of the command, not params: neither is a setting
+        # of the release, so changing one reruns nothing (the profiles leave `code` out of rerun-triggers).
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
-        "--hparams {params.hparams:q} --study-key {STUDY_KEY} --threads {threads} "
-        "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} --checkpoint-every {config[checkpoint_every]} > {log} 2>&1"
+        "--hparams {params.hparams:q} "
+        f"--study-key {STUDY_KEY} "
+        "--threads {threads} "
+        "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} "
+        f"--checkpoint-every {config['checkpoint_every']} "
+        "> {log} 2>&1"
 
 
 rule privacy_ledger:

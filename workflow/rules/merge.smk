@@ -27,7 +27,8 @@ rule merge_statistics:
         gpu=gpus,
         runtime="1h",
     shell:
-        "dpmerge statistics {params.flags} {params.public} --study-key {STUDY_KEY} "
+        "dpmerge statistics {params.flags} {params.public} "
+        f"--study-key {STUDY_KEY} "
         "--backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
         "-o {output} > {log} 2>&1"

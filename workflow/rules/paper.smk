@@ -12,7 +12,7 @@ rule table1:
         html=report(f"{TABLE1}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Multi-task scores (Tables 1-3)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
     params:
-        prefix=TABLE1,
+        prefix=output_prefix,
         caption=table1_caption,
         metric=table1_metric_flag,
     log:
@@ -38,7 +38,7 @@ rule table4:
         html=report(f"{TABLE4}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Privacy budgets (Table 4)", labels={"table": "epsilon sweep"}),
     params:
-        prefix=TABLE4,
+        prefix=output_prefix,
         caption=table4_caption,
         operator=TABLE_OPERATOR,
     log:
@@ -64,7 +64,7 @@ rule table5:
         html=report(f"{TABLE5}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Ablation (Table 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
     params:
-        prefix=TABLE5,
+        prefix=output_prefix,
         caption=table5_caption,
     log:
         result("logs/table5/{backbone}_{eps}.log"),
@@ -88,7 +88,7 @@ rule table6:
         html=report(f"{TABLE6}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "rho"}),
     params:
-        prefix=TABLE6,
+        prefix=output_prefix,
         caption=sensitivity_caption("rho"),
         operator=TABLE_OPERATOR,
     log:
@@ -114,7 +114,7 @@ rule table7:
         html=report(f"{TABLE7}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "lambda"}),
     params:
-        prefix=TABLE7,
+        prefix=output_prefix,
         caption=sensitivity_caption("anchor_lambda"),
         operator=TABLE_OPERATOR,
     log:
@@ -140,7 +140,7 @@ rule table8:
         html=report(f"{TABLE8}.html", caption="../report/table.rst", category="Tables",
                     subcategory="Merge operators (Table 8)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
     params:
-        prefix=TABLE8,
+        prefix=output_prefix,
         caption=table8_caption,
     log:
         result("logs/table8/{backbone}_{eps}.log"),
@@ -291,7 +291,7 @@ rule select_budget:
         list(protocol_tables().values()),
     output:
         markdown=PROTOCOL_CHOICE,
-        parquet=PROTOCOL_CHOICE.removesuffix(".md") + ".parquet",
+        parquet=f"{PROTOCOL_CHOICE.removesuffix('.md')}.parquet",
     params:
         tables=" ".join(f"{b}={path}" for b, path in protocol_tables().items()),
         candidates=json.dumps(protocol_candidates()),
