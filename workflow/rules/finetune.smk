@@ -30,8 +30,11 @@ rule prepare:
         max_train=config["data"]["max_train"] or 0,
         max_test=config["data"]["max_test"] or 0,
         seed=config["data"]["seed"],
-        validation=(f"--validation-fraction {config['data']['validation_fraction']}"
-                    if config["data"].get("validation_fraction") else ""),
+        validation=(
+            f"--validation-fraction {config['data']['validation_fraction']}"
+            if config["data"].get("validation_fraction")
+            else ""
+        ),
     log:
         result("logs/prepare/{backbone}/{task}.log"),
     benchmark:
@@ -121,8 +124,9 @@ rule privacy_ledger:
     output:
         table=LEDGER_TABLE,
         statistics=LEDGER_STATISTICS,
-        report=report(LEDGER_REPORT, caption="../report/privacy_ledger.rst", category="Privacy",
-                      labels={"file": "ledger"}),
+        report=report(
+            LEDGER_REPORT, caption="../report/privacy_ledger.rst", category="Privacy", labels={"file": "ledger"}
+        ),
         check=LEDGER_CHECK,
     log:
         result("logs/privacy_ledger.log"),

@@ -9,8 +9,13 @@ rule table1:
         parquet=f"{TABLE1}.parquet",
         markdown=f"{TABLE1}.md",
         latex=f"{TABLE1}.tex",
-        html=report(f"{TABLE1}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Multi-task scores (Tables 1-3)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        html=report(
+            f"{TABLE1}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Multi-task scores (Tables 1-3)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
     params:
         prefix=output_prefix,
         caption=table1_caption,
@@ -35,8 +40,13 @@ rule table4:
         parquet=f"{TABLE4}.parquet",
         markdown=f"{TABLE4}.md",
         latex=f"{TABLE4}.tex",
-        html=report(f"{TABLE4}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Privacy budgets (Table 4)", labels={"table": "epsilon sweep"}),
+        html=report(
+            f"{TABLE4}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Privacy budgets (Table 4)",
+            labels={"table": "epsilon sweep"},
+        ),
     params:
         prefix=output_prefix,
         caption=table4_caption,
@@ -61,8 +71,13 @@ rule table5:
         parquet=f"{TABLE5}.parquet",
         markdown=f"{TABLE5}.md",
         latex=f"{TABLE5}.tex",
-        html=report(f"{TABLE5}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Ablation (Table 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        html=report(
+            f"{TABLE5}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Ablation (Table 5)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
     params:
         prefix=output_prefix,
         caption=table5_caption,
@@ -85,8 +100,13 @@ rule table6:
         parquet=f"{TABLE6}.parquet",
         markdown=f"{TABLE6}.md",
         latex=f"{TABLE6}.tex",
-        html=report(f"{TABLE6}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "rho"}),
+        html=report(
+            f"{TABLE6}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Sensitivity (Tables 6, 7)",
+            labels={"backbone": "{backbone}", "parameter": "rho"},
+        ),
     params:
         prefix=output_prefix,
         caption=sensitivity_caption("rho"),
@@ -111,8 +131,13 @@ rule table7:
         parquet=f"{TABLE7}.parquet",
         markdown=f"{TABLE7}.md",
         latex=f"{TABLE7}.tex",
-        html=report(f"{TABLE7}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "lambda"}),
+        html=report(
+            f"{TABLE7}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Sensitivity (Tables 6, 7)",
+            labels={"backbone": "{backbone}", "parameter": "lambda"},
+        ),
     params:
         prefix=output_prefix,
         caption=sensitivity_caption("anchor_lambda"),
@@ -137,8 +162,13 @@ rule table8:
         parquet=f"{TABLE8}.parquet",
         markdown=f"{TABLE8}.md",
         latex=f"{TABLE8}.tex",
-        html=report(f"{TABLE8}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Merge operators (Table 8)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        html=report(
+            f"{TABLE8}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Merge operators (Table 8)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
     params:
         prefix=output_prefix,
         caption=table8_caption,
@@ -156,8 +186,13 @@ rule table8:
 
 rule tables_index:
     output:
-        report(TABLES_INDEX, caption="../report/tables_index.rst", category="Tables", subcategory="Index",
-               labels={"table": "index"}),
+        report(
+            TABLES_INDEX,
+            caption="../report/tables_index.rst",
+            category="Tables",
+            subcategory="Index",
+            labels={"table": "index"},
+        ),
     params:
         text=tables_index_text(),
     log:
@@ -176,9 +211,13 @@ rule figure_interpolation:
     input:
         table_curves,
     output:
-        png=report(f"{FIGURE_INTERPOLATION}.png", caption="../report/figure_interpolation.rst",
-                   category="Figures", subcategory="Interpolation barriers (Fig. 2)",
-                   labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        png=report(
+            f"{FIGURE_INTERPOLATION}.png",
+            caption="../report/figure_interpolation.rst",
+            category="Figures",
+            subcategory="Interpolation barriers (Fig. 2)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
         pdf=f"{FIGURE_INTERPOLATION}.pdf",
     params:
         title=interpolation_title,
@@ -199,8 +238,13 @@ rule figure_sharpness_drift:
         curvature=backbone_curvature,
         drift=backbone_drift,
     output:
-        png=report(f"{FIGURE_SHARPNESS_DRIFT}.png", caption="../report/figure_sharpness_drift.rst",
-                   category="Figures", subcategory="Sharpness and drift (Fig. 3)", labels={"backbone": "{backbone}"}),
+        png=report(
+            f"{FIGURE_SHARPNESS_DRIFT}.png",
+            caption="../report/figure_sharpness_drift.rst",
+            category="Figures",
+            subcategory="Sharpness and drift (Fig. 3)",
+            labels={"backbone": "{backbone}"},
+        ),
         pdf=f"{FIGURE_SHARPNESS_DRIFT}.pdf",
     params:
         title=sharpness_drift_title,
@@ -221,8 +265,13 @@ rule figure_gap_bound:
     input:
         backbone_curvature,
     output:
-        png=report(f"{FIGURE_GAP_BOUND}.png", caption="../report/figure_gap_bound.rst", category="Figures",
-                   subcategory="Merge gap vs Theorem 5.2", labels={"backbone": "{backbone}"}),
+        png=report(
+            f"{FIGURE_GAP_BOUND}.png",
+            caption="../report/figure_gap_bound.rst",
+            category="Figures",
+            subcategory="Merge gap vs Theorem 5.2",
+            labels={"backbone": "{backbone}"},
+        ),
         pdf=f"{FIGURE_GAP_BOUND}.pdf",
     params:
         title=gap_bound_title,
@@ -242,8 +291,13 @@ rule figure_landscape:
     input:
         landscape_files,
     output:
-        png=report(f"{FIGURE_LANDSCAPE}.png", caption="../report/figure_landscape.rst", category="Figures",
-                   subcategory="Loss landscapes (Figs. 4, 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        png=report(
+            f"{FIGURE_LANDSCAPE}.png",
+            caption="../report/figure_landscape.rst",
+            category="Figures",
+            subcategory="Loss landscapes (Figs. 4, 5)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
         pdf=f"{FIGURE_LANDSCAPE}.pdf",
     params:
         title=landscape_title,
