@@ -1,10 +1,16 @@
 # dpmerge: private fine-tuning -> task vectors -> data-free merging -> evaluation, diagnostics, tables.
 # Run: snakemake --cores 2 --configfile config.yaml --workflow-profile profiles/local
 import os
+import sys
 
 from snakemake.utils import min_version
 
 min_version("9.20")
+
+# The rules import the torch-free catalog (workflow/dpmerge/catalog.py) while Snakemake parses them: from this
+# checkout, also where the package is not installed beside Snakemake (under --sdm conda it is installed only in
+# the jobs' env).
+sys.path.insert(0, os.path.join(workflow.basedir, "workflow"))
 
 # Where envs/dpmerge.yaml installs the package from under --sdm conda (its pip line reads ${DPMERGE_SOURCE}):
 # this checkout, wherever Snakemake puts its copy of the env file and whichever directory the run is in.
