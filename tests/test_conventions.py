@@ -1,0 +1,104 @@
+"""The Snakemake workflow catalog's conventions (issue 19): `snakemake --lint` and `snakefmt --check` find
+nothing, and every rule deploys its conda env under `--sdm conda`.
+
+Where conda is not installed, `--sdm conda` runs against tests/fake_conda.py: Snakemake's own deployment code
+runs (which env each job gets, the copy of the env file it hands conda, the environment it runs conda in), the
+solve and the installs do not.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+
+from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+ENV_FILE = ROOT / "envs" / "dpmerge.yaml"
+SNAKEFILES = [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]
+
+
+def run(command, env=None, timeout=300):
+    result = subprocess.run([str(part) for part in command], capture_output=True, text=True,
+                            env=env or snakemake_env(), timeout=timeout)
+    return result, result.stdout + result.stderr
+
+
+def job_counts(output: str) -> dict[str, int]:
+    return {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", output, flags=re.M) if rule != "total"}
+
+
+@pytest.mark.parametrize("configfile", ["config.yaml", "presets/paper_vision.yaml"])
+def test_snakemake_lint_finds_nothing(configfile, tmp_path):
+    result, output = run([*SNAKEMAKE, "--lint", "--directory", tmp_path, "--configfile", ROOT / configfile])
+    assert result.returncode == 0 and "Congratulations" in output, output
+
+
+def test_snakefmt_would_change_nothing():
+    # [tool.snakefmt] in pyproject.toml: line length, directive order, shell commands left as written
+    result, output = run([sys.executable, "-m", "snakefmt", "--config", ROOT / "pyproject.toml", "--check",
+                          "--compact-diff", *SNAKEFILES])
+    assert result.returncode == 0, f"run `snakefmt Snakefile workflow/rules` to apply:\n{output}"
+
+
+@pytest.fixture
+def fake_conda(tmp_path):
+    """The environment for a Snakemake run whose `conda` is tests/fake_conda.py, and the file it logs to."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    conda = bin_dir / "conda"
+    conda.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests" / "fake_conda.py"}" "$@"\n')
+    conda.chmod(0o755)
+    log = tmp_path / "conda.log"
+    env = snakemake_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_CONDA_LOG=str(log),
+                        FAKE_CONDA_PREFIX=str(tmp_path / "conda-base"))
+    return env, log
+
+
+def conda_calls(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_a_conda_dry_run_plans_every_job_in_the_one_env(tmp_path, fake_conda):
+    env, log = fake_conda
+    workdir = tmp_path / "run"
+    result, output = run([*SNAKEMAKE, "-n", "--sdm", "conda", "--directory", workdir, "--cores", "2",
+                          "--configfile", ROOT / "config.yaml"], env=env)
+    assert result.returncode == 0, output
+    planned = [Path(path).resolve() for path in re.findall(r"Conda environment (\S+) will be created", output)]
+    assert planned == [ENV_FILE.resolve()], output
+    _, plain_output = run([*SNAKEMAKE, "-n", "--directory", workdir, "--cores", "2",
+                           "--configfile", ROOT / "config.yaml"])
+    assert job_counts(output.split("Job stats:")[-1]) == job_counts(plain_output.split("Job stats:")[-1])
+    assert all(call["args"][:2] != ["env", "create"] for call in conda_calls(log))  # a dry run creates nothing
+
+
+def test_the_conda_env_installs_this_checkout_from_wherever_snakemake_copies_it(tmp_path, fake_conda):
+    """The env's `-e` line, resolved as conda and pip would, from the copy Snakemake hands conda, in the
+    environment Snakemake runs it in, is this checkout (a path relative to envs/ would miss it: the copy lies in
+    .snakemake/conda/)."""
+    env, log = fake_conda
+    result, output = run([*SNAKEMAKE, "--sdm", "conda", "--conda-create-envs-only", "--directory", tmp_path / "run",
+                          "--cores", "2", "--configfile", ROOT / "config.yaml"], env=env)
+    assert result.returncode == 0, output
+    creates = [call for call in conda_calls(log) if call["args"][:2] == ["env", "create"]]
+    assert len(creates) == 1, conda_calls(log)
+    copy = Path(creates[0]["env_file"])
+    assert copy.parent == tmp_path / "run" / ".snakemake" / "conda" and copy.read_text() == ENV_FILE.read_text()
+    assert creates[0]["editable"] == [str(ROOT)]
+
+
+def test_the_conda_env_pins_what_pyproject_pins():
+    spec = yaml.safe_load(ENV_FILE.read_text())
+    python = next(entry for entry in spec["dependencies"] if isinstance(entry, str) and entry.startswith("python="))
+    assert SpecifierSet(PYPROJECT["project"]["requires-python"]).contains(python.removeprefix("python=") + ".0")
+    pip = next(entry["pip"] for entry in spec["dependencies"] if isinstance(entry, dict))
+    pinned = [line for line in pip if not line.startswith("-")]
+    assert pinned and set(pinned) <= set(PYPROJECT["project"]["dependencies"])
