@@ -1,14 +1,18 @@
 """The Snakemake workflow catalog's conventions (issue 19): `snakemake --lint` and `snakefmt --check` find
-nothing, and every rule deploys its conda env under `--sdm conda`.
+nothing, every rule deploys its conda env under `--sdm conda`, and the Pythons the package claims (3.11-3.13)
+compile its sources and build the workflow's DAG.
 
 Where conda is not installed, `--sdm conda` runs against tests/fake_conda.py: Snakemake's own deployment code
 runs (which env each job gets, the copy of the env file it hands conda, the environment it runs conda in), the
-solve and the installs do not.
+solve and the installs do not. Python 3.12 and 3.13 get the torch-free part only (no torch for them here): the
+sources compile, and the Snakefile with the catalog and config checks builds the same DAG as on this Python.
 """
 
+import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
@@ -102,3 +107,93 @@ def test_the_conda_env_pins_what_pyproject_pins():
     pip = next(entry["pip"] for entry in spec["dependencies"] if isinstance(entry, dict))
     pinned = [line for line in pip if not line.startswith("-")]
     assert pinned and set(pinned) <= set(PYPROJECT["project"]["dependencies"])
+
+
+def interpreter(version: str) -> str | None:
+    """A working `pythonX.Y`: on PATH, or one that pyenv installed but does not put on PATH (its shim then fails)."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = [shutil.which(f"python{version}")]
+    candidates += sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"), reverse=True)
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return candidate
+    return None
+
+
+CLAIMED_PYTHONS = sorted((c.rsplit(" :: ", 1)[1] for c in PYPROJECT["project"]["classifiers"]
+                          if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)),
+                         key=lambda version: int(version.split(".")[1]))
+OTHER_PYTHONS = [v for v in CLAIMED_PYTHONS if v != f"{sys.version_info.major}.{sys.version_info.minor}"]
+
+
+def test_the_classifiers_name_exactly_the_pythons_requires_python_admits():
+    admitted = SpecifierSet(PYPROJECT["project"]["requires-python"])
+    assert CLAIMED_PYTHONS == [f"3.{minor}" for minor in range(30) if admitted.contains(f"3.{minor}.0")]
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" in CLAIMED_PYTHONS
+
+
+@pytest.fixture(scope="module", params=OTHER_PYTHONS)
+def other_python(request):
+    python = interpreter(request.param)
+    if python is None:
+        pytest.skip(f"no Python {request.param} on this machine")
+    return python
+
+
+# Compiles each file named in memory (no .pyc beside the sources), warnings as errors: e.g. an invalid escape
+# sequence, a SyntaxWarning since 3.12
+COMPILE_EACH = """
+import pathlib, sys, warnings
+warnings.simplefilter("error")
+failed = []
+for path in sys.argv[1:]:
+    try:
+        compile(pathlib.Path(path).read_text(encoding="utf-8"), path, "exec")
+    except (SyntaxError, Warning) as error:
+        failed.append(f"{path}: {error!r}")
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_source_file_compiles_on(other_python):
+    sources = sorted(str(p) for folder in ("workflow", "tests", "bench") for p in (ROOT / folder).rglob("*.py"))
+    result, output = run([other_python, "-c", COMPILE_EACH, *sources])
+    assert result.returncode == 0, output
+
+
+@pytest.fixture(scope="module")
+def torch_free_venv(other_python, tmp_path_factory):
+    """A virtual environment of that Python with what the Snakefile needs at parse time, at pyproject's pins:
+    Snakemake, PyYAML and jsonschema (the config check). No dpmerge: the Snakefile reads its catalog from
+    workflow/, as under the catalog's `--sdm conda` usage, where only the jobs' env has the package."""
+    venv = tmp_path_factory.mktemp("venv")
+    result, output = run([other_python, "-m", "venv", venv])
+    assert result.returncode == 0, output
+    wanted = {"snakemake", "pyyaml", "jsonschema"}
+    pins = [d for d in PYPROJECT["project"]["dependencies"] if Requirement(d).name.lower() in wanted]
+    assert len(pins) == len(wanted), pins
+    result, output = run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                          "--no-compile", *pins], env=dict(os.environ), timeout=600)
+    assert result.returncode == 0, output
+    return venv / "bin" / "python"
+
+
+def dag_job_counts(python, workdir: Path) -> dict[str, int]:
+    without_pythonpath = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    result, output = run([python, "-m", "snakemake", "--snakefile", ROOT / "Snakefile", "-n", "--quiet", "rules",
+                          "--cores", "2", "--directory", workdir, "--configfile", ROOT / "config.yaml"],
+                         env=without_pythonpath)
+    assert result.returncode == 0, output
+    return job_counts(output)
+
+
+@pytest.fixture(scope="module")
+def this_pythons_dag(tmp_path_factory):
+    return dag_job_counts(sys.executable, tmp_path_factory.mktemp("dag"))
+
+
+def test_the_workflow_builds_the_same_dag_on(torch_free_venv, this_pythons_dag, tmp_path):
+    assert dag_job_counts(torch_free_venv, tmp_path) == this_pythons_dag != {}
