@@ -109,6 +109,16 @@ def test_the_conda_env_pins_what_pyproject_pins():
     assert pinned and set(pinned) <= set(PYPROJECT["project"]["dependencies"])
 
 
+def test_the_catalog_file_claims_what_the_workflow_has():
+    usage = yaml.safe_load((ROOT / ".snakemake-workflow-catalog.yml").read_text())["usage"]
+    flags = usage["mandatory-flags"]["flags"].split()
+    assert (ROOT / flags[flags.index("--workflow-profile") + 1] / "config.yaml").is_file()
+    # conda: every rule's env (the lint above); no container image, so no apptainer
+    assert usage["software-stack-deployment"] == {"conda": True, "apptainer": False, "apptainer+conda": False}
+    assert "container:" not in "".join(path.read_text() for path in SNAKEFILES)
+    assert usage["report"] is True and (ROOT / "workflow" / "report" / "workflow.rst").is_file()
+
+
 def interpreter(version: str) -> str | None:
     """A working `pythonX.Y`: on PATH, or one that pyenv installed but does not put on PATH (its shim then fails)."""
     root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
