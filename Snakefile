@@ -1,10 +1,20 @@
 # dpmerge: private fine-tuning -> task vectors -> data-free merging -> evaluation, diagnostics, tables.
 # Run: snakemake --cores 2 --configfile config.yaml --workflow-profile profiles/local
 import os
+import sys
 
 from snakemake.utils import min_version
 
 min_version("9.20")
+
+# The rules import the torch-free catalog (workflow/dpmerge/catalog.py) while Snakemake parses them: from this
+# checkout, also where the package is not installed beside Snakemake (under --sdm conda it is installed only in
+# the jobs' env).
+sys.path.insert(0, os.path.join(workflow.basedir, "workflow"))
+
+# Where envs/dpmerge.yaml installs the package from under --sdm conda (its pip line reads ${DPMERGE_SOURCE}):
+# this checkout, wherever Snakemake puts its copy of the env file and whichever directory the run is in.
+os.environ.setdefault("DPMERGE_SOURCE", workflow.basedir)
 
 # Jobs on this machine start by forking a warm process that has torch and the models imported (seconds saved
 # per job, identical outputs: workflow/dpmerge/forkserver.py). DPMERGE_FORKSERVER=0 turns it off, e.g. to read
@@ -35,6 +45,6 @@ include: "workflow/rules/paper.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True

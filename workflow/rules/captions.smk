@@ -11,8 +11,13 @@ def table1_caption(wildcards):
     pretrained = None
     if "pretrained_head" in config["methods"]:
         pretrained = "zeroshot" if BACKBONES[_kind(wildcards.backbone)].zeroshot_heads else "dp"
-    return multitask_table_caption(backbone=wildcards.backbone, kind=_kind(wildcards.backbone),
-                                   epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS), pretrained=pretrained)
+    return multitask_table_caption(
+        backbone=wildcards.backbone,
+        kind=_kind(wildcards.backbone),
+        epsilon=eps_value(wildcards.eps),
+        n_seeds=len(SEEDS),
+        pretrained=pretrained,
+    )
 
 
 def table1_metric_flag(wildcards):
@@ -25,23 +30,36 @@ def table4_caption(wildcards):
 
 
 def table5_caption(wildcards):
-    return ablation_table_caption(backbone=wildcards.backbone, kind=_kind(wildcards.backbone),
-                                  epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS))
+    return ablation_table_caption(
+        backbone=wildcards.backbone,
+        kind=_kind(wildcards.backbone),
+        epsilon=eps_value(wildcards.eps),
+        n_seeds=len(SEEDS),
+    )
 
 
 def sensitivity_caption(parameter):
     def caption(wildcards):
-        return sensitivity_table_caption(parameter=parameter, method=SWEEPS[parameter]["method"],
-                                         operator=TABLE_OPERATOR, backbone=wildcards.backbone,
-                                         kind=_kind(wildcards.backbone),
-                                         epsilon=eps_value(sensitivity_epsilon(parameter)), n_seeds=len(SEEDS))
+        return sensitivity_table_caption(
+            parameter=parameter,
+            method=SWEEPS[parameter]["method"],
+            operator=TABLE_OPERATOR,
+            backbone=wildcards.backbone,
+            kind=_kind(wildcards.backbone),
+            epsilon=eps_value(sensitivity_epsilon(parameter)),
+            n_seeds=len(SEEDS),
+        )
 
     return caption
 
 
 def table8_caption(wildcards):
-    return operators_table_caption(backbone=wildcards.backbone, kind=_kind(wildcards.backbone),
-                                   epsilon=eps_value(wildcards.eps), n_seeds=len(SEEDS))
+    return operators_table_caption(
+        backbone=wildcards.backbone,
+        kind=_kind(wildcards.backbone),
+        epsilon=eps_value(wildcards.eps),
+        n_seeds=len(SEEDS),
+    )
 
 
 def table5_scores(wildcards):
@@ -64,8 +82,11 @@ def table7_scores(wildcards):
 
 
 def interpolation_title(wildcards):
-    return interpolation_figure_title(backbone=wildcards.backbone, epsilon=eps_value(wildcards.eps),
-                                      operator=config["diagnostics"]["interpolation"]["operator"])
+    return interpolation_figure_title(
+        backbone=wildcards.backbone,
+        epsilon=eps_value(wildcards.eps),
+        operator=config["diagnostics"]["interpolation"]["operator"],
+    )
 
 
 def sharpness_drift_title(wildcards):
@@ -73,13 +94,15 @@ def sharpness_drift_title(wildcards):
 
 
 def gap_bound_title(wildcards):
-    return gap_bound_figure_title(backbone=wildcards.backbone,
-                                  operator=config["diagnostics"]["curvature"]["operator"])
+    return gap_bound_figure_title(backbone=wildcards.backbone, operator=config["diagnostics"]["curvature"]["operator"])
 
 
 def landscape_title(wildcards):
-    return landscape_figure_title(backbone=wildcards.backbone, epsilon=eps_value(wildcards.eps),
-                                  operator=config["diagnostics"]["landscape"]["operator"])
+    return landscape_figure_title(
+        backbone=wildcards.backbone,
+        epsilon=eps_value(wildcards.eps),
+        operator=config["diagnostics"]["landscape"]["operator"],
+    )
 
 
 def tables_index_text():

@@ -34,8 +34,14 @@ check_config(config)
 RESULTS = config["results"]
 
 # Rules call the `dpmerge` command installed beside the Python that runs Snakemake (e.g. .venv/bin), also when
-# the virtual environment was not activated.
-os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+# the virtual environment was not activated (under --sdm conda, the activated env's bin comes first). A write,
+# not a variable the user must set, so no `envvars:`: that would also export this host's PATH to cluster jobs,
+# which prepend their own.
+os.environ.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+
+# Every rule's software under --sdm conda. Snakemake reads a rule's `conda:` path relative to the file that
+# defines the rule: all of them are in workflow/rules/.
+DPMERGE_ENV = "../../envs/dpmerge.yaml"
 
 
 def result(path):
@@ -138,7 +144,9 @@ def zeroshot_head_input(wildcards):
 
 # Part of prepare's command, not a parameter: where the data lies is not a setting of the result, so moving the
 # data directory reruns nothing.
-DATA_DIR_ARGUMENT = f"--data-dir {shlex.quote(os.path.abspath(config['data']['dir']))}" if config["data"].get("dir") else ""
+DATA_DIR_ARGUMENT = (
+    f"--data-dir {shlex.quote(os.path.abspath(config['data']['dir']))}" if config["data"].get("dir") else ""
+)
 
 
 def finetune_settings(backbone, method):
@@ -172,6 +180,12 @@ def seed_number(wildcards):
 
 def tasks_of(wildcards):
     return config["backbones"][wildcards.backbone]["tasks"]
+
+
+def output_prefix(wildcards, output):
+    """A table's --out-prefix, from its job's own outputs: it follows them wherever they are stored (e.g. a
+    storage plugin's local copy), where a fixed path would not."""
+    return output.parquet.removesuffix(".parquet")
 
 
 def per_task(pattern):
@@ -291,13 +305,17 @@ def sweep_merges(parameter):
 
 def all_groups():
     """Every release group with the merges it runs and whether the curvature diagnostic runs on it."""
-    groups = [dict(g, merges=OPERATOR_NAMES, curvature=g["seed"] in DIAGNOSED_SEEDS) for g in release_grid()
-              if not head_only(g["method"])]
+    groups = [
+        dict(g, merges=OPERATOR_NAMES, curvature=g["seed"] in DIAGNOSED_SEEDS)
+        for g in release_grid()
+        if not head_only(g["method"])
+    ]
     # The Pretrained row's runs (w0 + a DP head): their task vectors are zero, so there is nothing to merge or
     # diagnose; only their individual scores are read
     groups += [dict(g, merges=[], curvature=False) for g in release_grid() if head_only(g["method"])]
-    groups += [dict(g, merges=sweep_merges("epsilon"), curvature=g["seed"] in DIAGNOSED_SEEDS)
-               for g in epsilon_sweep_grid()]
+    groups += [
+        dict(g, merges=sweep_merges("epsilon"), curvature=g["seed"] in DIAGNOSED_SEEDS) for g in epsilon_sweep_grid()
+    ]
     for parameter in SENSITIVITY_LABELS:
         groups += [dict(g, merges=sweep_merges(parameter), curvature=False) for g in sensitivity_grid(parameter)]
     return groups
@@ -313,25 +331,25 @@ def all_task_vectors():
 
 def table_groups(wildcards):
     """Release groups shown for one (backbone, eps): that epsilon's, plus the non-private reference if run."""
-    return [
-        g
-        for g in release_grid()
-        if g["backbone"] == wildcards.backbone and g["eps"] in (wildcards.eps, "epsinf")
-    ]
+    return [g for g in release_grid() if g["backbone"] == wildcards.backbone and g["eps"] in (wildcards.eps, "epsinf")]
 
 
 def table_scores(wildcards):
     """Every score file a (backbone, eps) table reads: individual and merged, all methods and seeds."""
     groups = table_groups(wildcards)
     files = [SCORES_INDIVIDUAL.format(**g) for g in groups]
-    files += [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES
-              if not head_only(g["method"])]
+    files += [
+        SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES if not head_only(g["method"])
+    ]
     return files
 
 
 def table_curves(wildcards):
-    return [INTERPOLATION.format(**g) for g in table_groups(wildcards)
-            if g["seed"] in DIAGNOSED_SEEDS and not head_only(g["method"])]
+    return [
+        INTERPOLATION.format(**g)
+        for g in table_groups(wildcards)
+        if g["seed"] in DIAGNOSED_SEEDS and not head_only(g["method"])
+    ]
 
 
 # Each paper table is built where the configured grid holds its inputs, and otherwise listed with the reason in
@@ -354,8 +372,11 @@ def sensitivity_scores(parameter, backbone):
     eps = sensitivity_epsilon(parameter)
     method = SWEEPS[parameter]["method"]
     groups = [g for g in sensitivity_grid(parameter) if g["backbone"] == backbone]
-    groups += [g for g in release_grid() if g["backbone"] == backbone and g["eps"] == eps
-               and g["method"] in (method, "naive_dp")]
+    groups += [
+        g
+        for g in release_grid()
+        if g["backbone"] == backbone and g["eps"] == eps and g["method"] in (method, "naive_dp")
+    ]
     return [SCORES_MERGED.format(operator=TABLE_OPERATOR, **g) for g in groups]
 
 
@@ -363,8 +384,9 @@ def _sensitivity_values(parameter, backbone):
     """Distinct values of `parameter` the table would show: the sweep's and the main run's."""
     method = SWEEPS[parameter]["method"]
     values = {float(finetune_settings(backbone, method)[parameter])} if method in config["methods"] else set()
-    values |= {sensitivity_override(g["method"])[parameter] for g in sensitivity_grid(parameter)
-               if g["backbone"] == backbone}
+    values |= {
+        sensitivity_override(g["method"])[parameter] for g in sensitivity_grid(parameter) if g["backbone"] == backbone
+    }
     return values
 
 
@@ -387,13 +409,18 @@ def planned_tables():
                 planned[TABLE8.format(backbone=b, eps=e)] = "table8"
     groups = release_grid() + epsilon_sweep_grid()
     budgets = {
-        b: set.intersection(*({g["eps"] for g in groups if g["backbone"] == b and g["method"] == m}
-                              for m in COMPARED_METHODS))
+        b: set.intersection(
+            *({g["eps"] for g in groups if g["backbone"] == b and g["method"] == m} for m in COMPARED_METHODS)
+        )
         for b in config["backbones"]
     }
     if max(len(found) for found in budgets.values()) < 2:
-        skipped.append(("Table 4 (epsilon sweep)", "no backbone has naive_dp and dp_merging at two or more budgets; "
-                        "add epsilons or sweeps.epsilon"))
+        skipped.append(
+            (
+                "Table 4 (epsilon sweep)",
+                "no backbone has naive_dp and dp_merging at two or more budgets; add epsilons or sweeps.epsilon",
+            )
+        )
     else:
         planned[TABLE4] = "table4"
     for parameter, prefix, name in (("rho", TABLE6, "Table 6 (rho)"), ("anchor_lambda", TABLE7, "Table 7 (lambda)")):
@@ -417,13 +444,16 @@ ANSWER_RST = result("answer.rst")
 
 def answer_tables():
     """SETTING=PARQUET of every Table 1, for the answer page."""
-    return {f"{b}, ε = {epsilon_of_label(e):g}": TABLE1.format(backbone=b, eps=e) + ".parquet"
-            for b in config["backbones"] for e in PRIVATE_EPS}
+    return {
+        f"{b}, ε = {epsilon_of_label(e):g}": f"{TABLE1.format(backbone=b, eps=e)}.parquet"
+        for b in config["backbones"]
+        for e in PRIVATE_EPS
+    }
 
 
 def protocol_tables():
     """Candidate (configured backbone) -> its Table 1 Parquet at the protocol's budget."""
-    return {b: TABLE1.format(backbone=b, eps=PRIVATE_EPS[0]) + ".parquet" for b in config["backbones"]}
+    return {b: f"{TABLE1.format(backbone=b, eps=PRIVATE_EPS[0])}.parquet" for b in config["backbones"]}
 
 
 def protocol_candidates():
@@ -432,14 +462,19 @@ def protocol_candidates():
     candidates = {}
     for b, entry in config["backbones"].items():
         settings = finetune_settings(b, "naive_dp")
-        candidates[b] = {"kind": entry["kind"], "trainable_blocks": entry.get("trainable_blocks"),
-                         **{k: settings.get(k) for k in ("lr", "epochs", "batch_size")}}
+        candidates[b] = {
+            "kind": entry["kind"],
+            "trainable_blocks": entry.get("trainable_blocks"),
+            **{k: settings.get(k) for k in ("lr", "epochs", "batch_size")},
+        }
     return candidates
 
 
 def answer_links():
     tables = [f"{prefix}.html" for prefix in PLANNED_TABLES]
     return tables + [f"{prefix}.png" for prefix in all_figures()] + [LEDGER_REPORT]
+
+
 for _table, _reason in SKIPPED_TABLES:
     print(f"dpmerge: skipping {_table}: {_reason}", file=sys.stderr)
 
@@ -497,8 +532,11 @@ def operator_params(wildcards):
     """The merge's operator, vectors, hyperparameters and statistics file as flags (a change reruns only this
     merge onwards)."""
     name = wildcards.operator
-    flags = [f"--method {merge_operator(name)}", f"--vectors {config['merge'][name].get('vectors', 'task')}",
-             f"--name {name}"]
+    flags = [
+        f"--method {merge_operator(name)}",
+        f"--vectors {config['merge'][name].get('vectors', 'task')}",
+        f"--name {name}",
+    ]
     flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(merge_hyperparameters(name).items())]
     flags += [f"--statistics {path}" for path in merge_statistics_files(wildcards)]
     return " ".join(flags)
@@ -517,8 +555,11 @@ def merge_statistics_files(wildcards):
 def statistics_params(wildcards):
     name = wildcards.operator
     settings = config["merge"][name]["statistics"]
-    flags = [f"--kind {NEEDS_STATISTICS[merge_operator(name)]}", f"--source {settings['data']}",
-             f"--examples {settings.get('examples', 256)}"]
+    flags = [
+        f"--kind {NEEDS_STATISTICS[merge_operator(name)]}",
+        f"--source {settings['data']}",
+        f"--examples {settings.get('examples', 256)}",
+    ]
     if settings["data"] == "private":
         flags += [f"--clip-norm {settings['clip_norm']}", f"--epsilon {settings['epsilon']}"]
     return " ".join(flags)

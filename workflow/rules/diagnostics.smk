@@ -11,6 +11,8 @@ rule drift:
         DRIFT,
     log:
         result("logs/drift/{backbone}/{eps}/{method}/{seed}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=2000,
@@ -36,6 +38,8 @@ rule interpolation:
         result("logs/interpolation/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
         result("benchmarks/interpolation/{backbone}/{eps}/{method}/{seed}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -67,6 +71,8 @@ rule curvature:
         result("logs/curvature/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
         result("benchmarks/curvature/{backbone}/{eps}/{method}/{seed}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -99,6 +105,8 @@ rule landscape:
         result("logs/landscape/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
         result("benchmarks/landscape/{backbone}/{eps}/{method}/{seed}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -128,6 +136,8 @@ rule linearity:
         result("logs/linearity/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
         result("benchmarks/linearity/{backbone}/{eps}/{method}/{seed}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),

@@ -11,6 +11,8 @@ rule pretrained:
         result("logs/pretrained/{backbone}.log"),
     benchmark:
         result("benchmarks/pretrained/{backbone}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=2000,
@@ -28,12 +30,17 @@ rule prepare:
         max_train=config["data"]["max_train"] or 0,
         max_test=config["data"]["max_test"] or 0,
         seed=config["data"]["seed"],
-        validation=(f"--validation-fraction {config['data']['validation_fraction']}"
-                    if config["data"].get("validation_fraction") else ""),
+        validation=(
+            f"--validation-fraction {config['data']['validation_fraction']}"
+            if config["data"].get("validation_fraction")
+            else ""
+        ),
     log:
         result("logs/prepare/{backbone}/{task}.log"),
     benchmark:
         result("benchmarks/prepare/{backbone}/{task}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -42,7 +49,8 @@ rule prepare:
     shell:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
-        "--data-seed {params.seed} {params.validation} " + DATA_DIR_ARGUMENT + " "
+        "--data-seed {params.seed} {params.validation} "
+        f"{DATA_DIR_ARGUMENT} "
         "--workers {threads} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -57,6 +65,8 @@ rule zeroshot_head:
         spec=backbone_spec,
     log:
         result("logs/zeroshot_head/{backbone}/{task}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -87,16 +97,24 @@ rule finetune:
         result("logs/finetune/{backbone}/{eps}/{method}/{seed}/{task}.log"),
     benchmark:
         result("benchmarks/finetune/{backbone}/{eps}/{method}/{seed}/{task}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 6000),
         runtime=backbone_resource("runtime", "12h"),
         gpu=gpus,
     shell:
+        # The key's path and the checkpoint interval are part of the command, not params: neither is a setting
+        # of the release, so changing one reruns nothing (the profiles leave `code` out of rerun-triggers).
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
-        "--hparams {params.hparams:q} --study-key {STUDY_KEY} --threads {threads} "
-        "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} --checkpoint-every {config[checkpoint_every]} > {log} 2>&1"
+        "--hparams {params.hparams:q} "
+        f"--study-key {STUDY_KEY} "
+        "--threads {threads} "
+        "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} "
+        f"--checkpoint-every {config['checkpoint_every']} "
+        "> {log} 2>&1"
 
 
 rule privacy_ledger:
@@ -106,11 +124,14 @@ rule privacy_ledger:
     output:
         table=LEDGER_TABLE,
         statistics=LEDGER_STATISTICS,
-        report=report(LEDGER_REPORT, caption="../report/privacy_ledger.rst", category="Privacy",
-                      labels={"file": "ledger"}),
+        report=report(
+            LEDGER_REPORT, caption="../report/privacy_ledger.rst", category="Privacy", labels={"file": "ledger"}
+        ),
         check=LEDGER_CHECK,
     log:
         result("logs/privacy_ledger.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,

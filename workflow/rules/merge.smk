@@ -19,13 +19,16 @@ rule merge_statistics:
         result("logs/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
         result("benchmarks/merge_statistics/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
         gpu=gpus,
         runtime="1h",
     shell:
-        "dpmerge statistics {params.flags} {params.public} --study-key {STUDY_KEY} "
+        "dpmerge statistics {params.flags} {params.public} "
+        f"--study-key {STUDY_KEY} "
         "--backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
         "-o {output} > {log} 2>&1"
@@ -50,6 +53,8 @@ rule merge:
         result("logs/merge/{backbone}/{eps}/{method}/{seed}/{operator}.log"),
     benchmark:
         result("benchmarks/merge/{backbone}/{eps}/{method}/{seed}/{operator}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),
@@ -78,6 +83,8 @@ rule evaluate_individual:
         result("logs/evaluate_individual/{backbone}/{eps}/{method}/{seed}.log"),
     benchmark:
         result("benchmarks/evaluate_individual/{backbone}/{eps}/{method}/{seed}.tsv")
+    conda:
+        DPMERGE_ENV
     threads: config["threads"]
     resources:
         mem_mb=backbone_resource("mem_mb", 4000),

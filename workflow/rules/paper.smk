@@ -9,14 +9,21 @@ rule table1:
         parquet=f"{TABLE1}.parquet",
         markdown=f"{TABLE1}.md",
         latex=f"{TABLE1}.tex",
-        html=report(f"{TABLE1}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Multi-task scores (Tables 1-3)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        html=report(
+            f"{TABLE1}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Multi-task scores (Tables 1-3)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
     params:
-        prefix=TABLE1,
+        prefix=output_prefix,
         caption=table1_caption,
         metric=table1_metric_flag,
     log:
         result("logs/table1/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -33,14 +40,21 @@ rule table4:
         parquet=f"{TABLE4}.parquet",
         markdown=f"{TABLE4}.md",
         latex=f"{TABLE4}.tex",
-        html=report(f"{TABLE4}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Privacy budgets (Table 4)", labels={"table": "epsilon sweep"}),
+        html=report(
+            f"{TABLE4}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Privacy budgets (Table 4)",
+            labels={"table": "epsilon sweep"},
+        ),
     params:
-        prefix=TABLE4,
+        prefix=output_prefix,
         caption=table4_caption,
         operator=TABLE_OPERATOR,
     log:
         result("logs/table4.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -57,13 +71,20 @@ rule table5:
         parquet=f"{TABLE5}.parquet",
         markdown=f"{TABLE5}.md",
         latex=f"{TABLE5}.tex",
-        html=report(f"{TABLE5}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Ablation (Table 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        html=report(
+            f"{TABLE5}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Ablation (Table 5)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
     params:
-        prefix=TABLE5,
+        prefix=output_prefix,
         caption=table5_caption,
     log:
         result("logs/table5/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -79,14 +100,21 @@ rule table6:
         parquet=f"{TABLE6}.parquet",
         markdown=f"{TABLE6}.md",
         latex=f"{TABLE6}.tex",
-        html=report(f"{TABLE6}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "rho"}),
+        html=report(
+            f"{TABLE6}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Sensitivity (Tables 6, 7)",
+            labels={"backbone": "{backbone}", "parameter": "rho"},
+        ),
     params:
-        prefix=TABLE6,
+        prefix=output_prefix,
         caption=sensitivity_caption("rho"),
         operator=TABLE_OPERATOR,
     log:
         result("logs/table6/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -103,14 +131,21 @@ rule table7:
         parquet=f"{TABLE7}.parquet",
         markdown=f"{TABLE7}.md",
         latex=f"{TABLE7}.tex",
-        html=report(f"{TABLE7}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Sensitivity (Tables 6, 7)", labels={"backbone": "{backbone}", "parameter": "lambda"}),
+        html=report(
+            f"{TABLE7}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Sensitivity (Tables 6, 7)",
+            labels={"backbone": "{backbone}", "parameter": "lambda"},
+        ),
     params:
-        prefix=TABLE7,
+        prefix=output_prefix,
         caption=sensitivity_caption("anchor_lambda"),
         operator=TABLE_OPERATOR,
     log:
         result("logs/table7/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -127,13 +162,20 @@ rule table8:
         parquet=f"{TABLE8}.parquet",
         markdown=f"{TABLE8}.md",
         latex=f"{TABLE8}.tex",
-        html=report(f"{TABLE8}.html", caption="../report/table.rst", category="Tables",
-                    subcategory="Merge operators (Table 8)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        html=report(
+            f"{TABLE8}.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="Merge operators (Table 8)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
     params:
-        prefix=TABLE8,
+        prefix=output_prefix,
         caption=table8_caption,
     log:
         result("logs/table8/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -144,12 +186,19 @@ rule table8:
 
 rule tables_index:
     output:
-        report(TABLES_INDEX, caption="../report/tables_index.rst", category="Tables", subcategory="Index",
-               labels={"table": "index"}),
+        report(
+            TABLES_INDEX,
+            caption="../report/tables_index.rst",
+            category="Tables",
+            subcategory="Index",
+            labels={"table": "index"},
+        ),
     params:
         text=tables_index_text(),
     log:
         result("logs/tables_index.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=500,
@@ -162,14 +211,20 @@ rule figure_interpolation:
     input:
         table_curves,
     output:
-        png=report(f"{FIGURE_INTERPOLATION}.png", caption="../report/figure_interpolation.rst",
-                   category="Figures", subcategory="Interpolation barriers (Fig. 2)",
-                   labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        png=report(
+            f"{FIGURE_INTERPOLATION}.png",
+            caption="../report/figure_interpolation.rst",
+            category="Figures",
+            subcategory="Interpolation barriers (Fig. 2)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
         pdf=f"{FIGURE_INTERPOLATION}.pdf",
     params:
         title=interpolation_title,
     log:
         result("logs/figure_interpolation/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -183,13 +238,20 @@ rule figure_sharpness_drift:
         curvature=backbone_curvature,
         drift=backbone_drift,
     output:
-        png=report(f"{FIGURE_SHARPNESS_DRIFT}.png", caption="../report/figure_sharpness_drift.rst",
-                   category="Figures", subcategory="Sharpness and drift (Fig. 3)", labels={"backbone": "{backbone}"}),
+        png=report(
+            f"{FIGURE_SHARPNESS_DRIFT}.png",
+            caption="../report/figure_sharpness_drift.rst",
+            category="Figures",
+            subcategory="Sharpness and drift (Fig. 3)",
+            labels={"backbone": "{backbone}"},
+        ),
         pdf=f"{FIGURE_SHARPNESS_DRIFT}.pdf",
     params:
         title=sharpness_drift_title,
     log:
         result("logs/figure_sharpness_drift/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -203,13 +265,20 @@ rule figure_gap_bound:
     input:
         backbone_curvature,
     output:
-        png=report(f"{FIGURE_GAP_BOUND}.png", caption="../report/figure_gap_bound.rst", category="Figures",
-                   subcategory="Merge gap vs Theorem 5.2", labels={"backbone": "{backbone}"}),
+        png=report(
+            f"{FIGURE_GAP_BOUND}.png",
+            caption="../report/figure_gap_bound.rst",
+            category="Figures",
+            subcategory="Merge gap vs Theorem 5.2",
+            labels={"backbone": "{backbone}"},
+        ),
         pdf=f"{FIGURE_GAP_BOUND}.pdf",
     params:
         title=gap_bound_title,
     log:
         result("logs/figure_gap_bound/{backbone}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -222,13 +291,20 @@ rule figure_landscape:
     input:
         landscape_files,
     output:
-        png=report(f"{FIGURE_LANDSCAPE}.png", caption="../report/figure_landscape.rst", category="Figures",
-                   subcategory="Loss landscapes (Figs. 4, 5)", labels={"backbone": "{backbone}", "epsilon": "{eps}"}),
+        png=report(
+            f"{FIGURE_LANDSCAPE}.png",
+            caption="../report/figure_landscape.rst",
+            category="Figures",
+            subcategory="Loss landscapes (Figs. 4, 5)",
+            labels={"backbone": "{backbone}", "epsilon": "{eps}"},
+        ),
         pdf=f"{FIGURE_LANDSCAPE}.pdf",
     params:
         title=landscape_title,
     log:
         result("logs/figure_landscape/{backbone}_{eps}.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -252,6 +328,8 @@ rule answer:
         description=os.path.join(workflow.current_basedir, "..", "report", "workflow.rst"),
     log:
         result("logs/answer.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
@@ -267,13 +345,15 @@ rule select_budget:
         list(protocol_tables().values()),
     output:
         markdown=PROTOCOL_CHOICE,
-        parquet=PROTOCOL_CHOICE.removesuffix(".md") + ".parquet",
+        parquet=f"{PROTOCOL_CHOICE.removesuffix('.md')}.parquet",
     params:
         tables=" ".join(f"{b}={path}" for b, path in protocol_tables().items()),
         candidates=json.dumps(protocol_candidates()),
         seeds=len(SEEDS),
     log:
         result("logs/select_budget.log"),
+    conda:
+        DPMERGE_ENV
     threads: 1
     resources:
         mem_mb=1000,
