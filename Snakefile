@@ -38,7 +38,9 @@ include: "workflow/rules/captions.smk"
 report: os.path.abspath(ANSWER_RST) if os.path.exists(ANSWER_RST) else "workflow/report/workflow.rst"
 
 
+include: "workflow/rules/audit_common.smk"
 include: "workflow/rules/finetune.smk"
+include: "workflow/rules/audit.smk"
 include: "workflow/rules/merge.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/paper.smk"

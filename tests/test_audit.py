@@ -4,6 +4,7 @@ can fail: the non-private method leaks, a run without its noise fails its claim,
 query shows more leakage than DP-SAM calibrated for its two."""
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -204,7 +205,7 @@ def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tm
     alone = task_composition(releases).iloc[0]
     honest_run = audits[audits["path"].str.endswith("honest.parquet")]
     with_audits = task_composition(releases, audits=honest_run).iloc[0]
-    assert with_audits["private_audit_mechanisms"] == 1 and alone["private_audit_mechanisms"] == 0
+    assert with_audits["private_audit_runs"] == 1 and alone["private_audit_runs"] == 0
     assert with_audits["composed_epsilon"] > alone["composed_epsilon"] + 0.1
     edited = pd.read_parquet(tmp_path / "honest.parquet")
     edited["claimed_epsilon_at_audit_delta"] = 50.0
@@ -308,3 +309,74 @@ def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_c
     with pytest.raises(SystemExit, match="one kept run per task"):
         cli.main(["audit-merge", runs[0], runs[0], "--method", "task_arithmetic", "--backbone-spec", spec,
                   "-o", str(tmp_path / "twice.parquet")])
+
+
+def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tmp_path):
+    """config `audit:` on a tiny grid: rows per task and kind, the merged model's rows, the table and figure, and
+    a ledger that counts the audit runs in each task's composition."""
+    import json
+    import subprocess
+
+    import yaml
+
+    from workflow_runs import SNAKEMAKE, snakemake_env
+
+    config = {
+        "results": "results", "seeds": [0], "epsilons": [4], "methods": ["naive_dp"],
+        "backbones": {"effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
+                                 "tasks": ["digits", "textures"], "finetune": {"lr": 0.002}}},
+        "data": {"max_train": 48, "max_test": 24},
+        "finetune": {"epochs": 0.4, "batch_size": 8, "lr": 0.001},
+        "merge": {"weight_averaging": {}}, "tables": {"operator": "weight_averaging"},
+        "diagnostics": {"seeds": 1, "interpolation": {"operator": "weight_averaging", "points": 2, "max_examples": 8},
+                        "curvature": {"operator": "weight_averaging", "iterations": 2, "gammas": [0.0, 1.0],
+                                      "max_examples": 8},
+                        "landscape": {"operator": "weight_averaging"}},
+        "audit": {"methods": ["naive_dp"], "kinds": ["white_box", "black_box"],
+                  "canaries": {"white_box": 64, "black_box": 16}, "merge": ["weight_averaging"]},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    key = tmp_path / "results" / "private" / "study.key"
+    key.parent.mkdir(parents=True, mode=0o700)
+    key.write_text(TEST_STUDY_KEY.hex())
+    key.chmod(0o600)
+    done = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "2", "--configfile",
+                           str(tmp_path / "config.yaml")], capture_output=True, text=True, env=snakemake_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = tmp_path / "results"
+    rows = pd.read_parquet(results / "audits/individual/effnet/eps4/naive_dp/s0/digits.black_box.parquet").iloc[0]
+    assert (rows["canaries"], rows["verdict"], rows["target_epsilon"]) == (16, "PASS", 4.0)
+    merged = pd.read_parquet(results / "audits/merged/effnet/eps4/naive_dp/s0/weight_averaging.white_box.parquet")
+    assert list(merged["task"]) == ["digits", "textures"] and set(merged["model"]) == {"merged"}
+    run = results / "private/audits/effnet/eps4/naive_dp/s0/digits.white_box.pt"
+    assert (run.stat().st_mode & 0o777) == 0o600
+    check = json.loads((results / "privacy/ledger_check.json").read_text())
+    assert (check["verdict"], check["audits"]) == ("PASS", 2 * 2 + 2 * 2)  # 2 tasks x 2 kinds, then merged
+    ledger_md = (results / "privacy/ledger.md").read_text()
+    assert "## Empirical audits" in ledger_md
+    # digits: one release and two audit runs (white- and black-box) composed
+    assert re.search(r"^\| digits \| effnet \| 1 \| 0 \| 2 \| ", ledger_md, re.M), ledger_md
+    summary = pd.read_parquet(results / "tables/audit.parquet")
+    assert list(summary["method"]) == ["naive_dp"] and summary["verdict"].iloc[0] == "PASS"
+    assert (results / "figures/audit.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("audit,message", [
+    ({"methods": ["dp_sam"]}, "audit.methods: 'dp_sam' is not among the configured methods"),
+    ({"methods": ["naive_dp"], "epsilons": [2]}, "audit.epsilons: 2 is not one of epsilons"),
+    ({"methods": ["naive_dp"], "backbones": ["vit"]}, "audit.backbones: unknown backbone 'vit'"),
+    ({"methods": ["naive_dp"], "merge": ["dts_difference"]}, "audit.merge: 'dts_difference' needs data statistics"),
+    ({"methods": ["naive_dp"], "merge": ["fisher"]}, "audit.merge: 'fisher' needs data statistics"),
+    ({"methods": ["naive_dp"], "merge": ["tsv_m"]}, "audit.merge: 'tsv_m' is not among the configured merges"),
+    ({"methods": ["naive_dp"], "delta": 1e-3}, "audit.delta: 0.001 with 1000 white_box canaries leaves the bound"),
+])
+def test_an_audit_that_cannot_run_is_refused_with_the_config(audit, message):
+    import yaml
+
+    from dpmerge.config_check import ConfigError, check_config
+    from test_pipeline import TINY
+
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    config["audit"] = audit
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(config)

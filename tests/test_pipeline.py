@@ -168,7 +168,7 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     assert "Merge statistics" in ledger_text and "| public: lfw |" in ledger_text
     # digits is released at epsilon 4 (two methods), 8 (two) and rho 0.2, and Fisher read it twice (the main
     # groups): all published together is their composition, more than any one of them
-    composed = re.search(r"^\| digits \| effnet \| 5 \| 2 \| ([0-9.]+) \| ([0-9.]+) \| [0-9.e-]+ \| 0 \| ([0-9.]+) \|",
+    composed = re.search(r"^\| digits \| effnet \| 5 \| 2 \| 0 \| ([0-9.]+) \| ([0-9.]+) \| [0-9.e-]+ \| 0 \| ([0-9.]+) \|",
                          ledger_text, re.M)
     assert composed and 8.0 >= float(composed.group(1)) and float(composed.group(2)) > 8.0
     assert composed.group(3) == f"{float(composed.group(2)):.4g}"  # no non-private release: the same
@@ -452,7 +452,7 @@ def test_a_schema_violation_is_one_line_naming_the_field_and_the_closest_key():
         check_config(config)
     message = str(refused.value)
     assert len(message.splitlines()) == 1 and "did you mean 'seeds' instead of 'seedz'?" in message
-    assert "(allowed here: backbones, checkpoint_every," in message
+    assert "(allowed here: audit, backbones, checkpoint_every," in message
     config = yaml.safe_load(yaml.safe_dump(TINY))
     config["data"]["max_train"] = "many"
     with pytest.raises(ConfigError, match=r"data\.max_train: 'many' is not of type"):

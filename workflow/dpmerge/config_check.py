@@ -67,6 +67,7 @@ def check_config(config: dict) -> None:
         return
     _check_diagnostics(config)
     _check_tables_and_sweeps(config)
+    _check_audit(config)
 
 
 def schema_error(config: dict, error: Exception) -> str:
@@ -219,3 +220,29 @@ def _check_tables_and_sweeps(config):
         if parameter in SWEPT_PARAMETERS and "epsilon" in sweep and eps_label(sweep["epsilon"]) not in private_eps:
             raise ConfigError(f"sweeps.{parameter}.epsilon: {sweep['epsilon']} is not one of epsilons "
                               f"{config['epsilons']} (the table compares against the main grid's run at that budget)")
+
+
+def _check_audit(config):
+    audit = config["audit"]
+    for method in audit["methods"]:
+        if method not in config["methods"]:
+            raise ConfigError(f"audit.methods: {method!r} is not among the configured methods "
+                              f"({', '.join(config['methods'])})")
+    for epsilon in audit["epsilons"]:
+        if eps_label(epsilon) not in [eps_label(e) for e in config["epsilons"]]:
+            raise ConfigError(f"audit.epsilons: {epsilon} is not one of epsilons {config['epsilons']}")
+    for backbone in audit["backbones"]:
+        if backbone not in config["backbones"]:
+            raise ConfigError(f"audit.backbones: unknown backbone {backbone!r}; configured: "
+                              f"{', '.join(config['backbones'])}")
+    for kind, count in audit["canaries"].items():
+        if 2 * count * audit["delta"] > 0.1:
+            raise ConfigError(f"audit.delta: {audit['delta']} with {count} {kind} canaries leaves the bound no power "
+                              f"(2 x canaries x delta = {2 * count * audit['delta']:.3g} > 0.1)")
+    for name in audit["merge"]:
+        if name not in config["merge"]:
+            raise ConfigError(f"audit.merge: {name!r} is not among the configured merges ({', '.join(config['merge'])})")
+        operator = OPERATORS[merge_operator(config, name)]
+        if operator.personalized or operator.statistic or config["merge"][name].get("vectors", "task") != "task":
+            raise ConfigError(f"audit.merge: {name!r} needs data statistics, gives one model per task or merges "
+                              "difference vectors; an audit merges the kept runs' task vectors into one model")

@@ -525,7 +525,7 @@ def all_targets():
         targets += [prefix + ext for ext in TABLE_EXTENSIONS]
     for prefix in all_figures():
         targets += [prefix + ext for ext in FIGURE_EXTENSIONS]
-    return targets
+    return targets + audit_targets()  # workflow/rules/audit.smk
 
 
 def operator_params(wildcards):

@@ -121,6 +121,7 @@ rule privacy_ledger:
     input:
         vectors=all_task_vectors(),
         statistics=all_statistics(),
+        audits=all_audit_rows(),
     output:
         table=LEDGER_TABLE,
         statistics=LEDGER_STATISTICS,
@@ -138,4 +139,5 @@ rule privacy_ledger:
         runtime="10m",
     shell:
         "dpmerge ledger {input.vectors} --statistics {input.statistics} --out {output.table} "
-        "--statistics-out {output.statistics} --report {output.report} --check-out {output.check} > {log} 2>&1"
+        "--statistics-out {output.statistics} --report {output.report} --check-out {output.check} "
+        "--audits {input.audits} > {log} 2>&1"

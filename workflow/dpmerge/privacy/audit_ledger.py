@@ -85,12 +85,12 @@ def check_audits(audits: pd.DataFrame) -> list[str]:
     return problems
 
 
-def audit_mechanisms(audits: pd.DataFrame | None, task: str) -> list[tuple]:
-    """The mechanisms of every private audit run on `task`: they compose with its releases."""
+def audit_mechanisms(audits: pd.DataFrame | None, task: str) -> tuple[list[tuple], int]:
+    """The mechanisms of every private audit run on `task` (they compose with its releases), and how many runs."""
     if audits is None or not len(audits):
-        return []
-    runs = audits[(audits["task"] == task) & (audits["model"] == "individual")]
-    return [tuple(m) for value in runs["mechanisms"] for m in json.loads(value)]
+        return [], 0
+    runs = audits[(audits["task"] == task) & (audits["model"] == "individual") & (audits["mechanisms"] != "[]")]
+    return [tuple(m) for value in runs["mechanisms"] for m in json.loads(value)], int(len(runs))
 
 
 def audit_report(audits: pd.DataFrame) -> list[str]:

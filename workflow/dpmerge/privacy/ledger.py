@@ -195,7 +195,7 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
     for task, group in ledger.groupby("task"):
         private = group[group["method"].map(_is_private)]
         mechanisms = [tuple(m) for value in private["mechanisms"] for m in json.loads(value)]
-        audited = audit_mechanisms(audits, task)
+        audited, audit_runs = audit_mechanisms(audits, task)
         mechanisms += audited
         audit_deltas = [] if audits is None or not len(audits) else [
             float(d) for d in audits[(audits["task"] == task) & (audits["model"] == "individual")]["delta"]]
@@ -212,7 +212,7 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
         epsilon = composed_epsilon(mechanisms, delta, COMPOSITION_ACCOUNTANT) if mechanisms else 0.0
         rows.append({"task": task, "backbones": ", ".join(sorted(group["backbone"].astype(str).unique())),
                      "private_releases": len(private), "private_statistics": count,
-                     "private_audit_mechanisms": len(audited),
+                     "private_audit_runs": audit_runs,
                      "nonprivate_releases": nonprivate,
                      "max_single_epsilon": max((epsilon_value(e) for e in private["spent_epsilon"]), default=0.0),
                      "composed_epsilon": epsilon, "published_epsilon": math.inf if nonprivate else epsilon,
@@ -274,10 +274,12 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
               f"({COMPOSITION_ACCOUNTANT.upper()}, at the task's delta): the epsilon of publishing all of them "
               "together. The non-private reference is a baseline to compare against, not a release: publishing "
               "it too would leave its task's data unprotected (last column).", "",
-              "| task | backbones | private releases | private statistics | max single eps | composed eps | "
-              "delta | non-private releases | with them published |", "|---|---|---|---|---|---|---|---|---|"]
+              "| task | backbones | private releases | private statistics | private audit runs | max single eps | "
+              "composed eps | delta | non-private releases | with them published |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in composition.itertuples():
         lines.append(f"| {row.task} | {row.backbones} | {row.private_releases} | {row.private_statistics} | "
+                     f"{row.private_audit_runs} | "
                      f"{row.max_single_epsilon:.4f} | {row.composed_epsilon:.4f} | {row.delta:.3g} | "
                      f"{row.nonprivate_releases} | {row.published_epsilon:.4g} |")
     if statistics is not None and len(statistics):

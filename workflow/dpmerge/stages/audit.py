@@ -3,8 +3,9 @@
 An audit run is the release's mechanism (the same method, settings, budget and data) run once more with m
 canaries (training/canaries.py) under its own identity, so its randomness is independent of every release's:
 `white_box` Dirac gradients in the DP step, scored on the task vector; or `black_box` mislabeled held-out
-examples in the training set, scored by the trained model's loss on them. Its task vector is never released; what is published is the lower bound epsilon_lb from the
-canaries' scores, beside the epsilon the accountant gives the run's own record at the audit's delta.
+examples in the training set, scored by the trained model's loss on them. Its task vector is never released;
+what is published is the lower bound epsilon_lb from the canaries' scores, beside the epsilon the accountant
+gives the run's own record at the audit's delta (and no timing: a run's wall time is a side channel).
 
 Privacy of the published bound: the audit run reads the task's private training data, so it is one more
 (epsilon, delta) mechanism on that task. The bound is a function of its task vector and the secret coins
@@ -15,7 +16,6 @@ run's full privacy record so that the task's composition can count it.
 from __future__ import annotations
 
 import json
-import time
 
 import torch
 
@@ -58,11 +58,9 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     inputs = None
     if kind == "black_box":
         inputs = held_out_canaries(prepared, canaries, num_classes, MechanismRandomness(key, identity, config.rng))
-    started = time.perf_counter()
     result = train(network, num_classes, tuple(prepared["train_features"]), prepared["train_labels"], config,
                    study_key=key, identity=identity, log=log, head=head, train_head=head is None,
                    audit_canaries=canaries if kind == "white_box" else 0, input_canaries=inputs)
-    trained = time.perf_counter() - started
     record = result.record
     if kind == "white_box":
         scores, included = result.canaries.scores(result.task_vector), result.canaries.included
@@ -79,7 +77,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         "target_epsilon": epsilon_column_value(record["target_epsilon"]), "seed": seed, "audit": kind, **bound,
         "audit_delta": audit_delta,
         "claimed_epsilon_at_audit_delta": claimed, "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS",
-        "training_seconds": trained, "privacy_record": json.dumps(record, sort_keys=True, default=str),
+        "privacy_record": json.dumps(record, sort_keys=True, default=str),
     }
     if keep_run:
         canary_state = ({"coordinates": result.canaries.coordinates, "names": [n for n, _ in
