@@ -363,6 +363,7 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
 
 @pytest.mark.parametrize("audit,message", [
     ({"methods": ["dp_sam"]}, "audit.methods: 'dp_sam' is not among the configured methods"),
+    ({"methods": ["pretrained_head"]}, "audit.methods: 'pretrained_head' trains a head on w0"),
     ({"methods": ["naive_dp"], "epsilons": [2]}, "audit.epsilons: 2 is not one of epsilons"),
     ({"methods": ["naive_dp"], "backbones": ["vit"]}, "audit.backbones: unknown backbone 'vit'"),
     ({"methods": ["naive_dp"], "merge": ["dts_difference"]}, "audit.merge: 'dts_difference' needs data statistics"),
@@ -377,6 +378,7 @@ def test_an_audit_that_cannot_run_is_refused_with_the_config(audit, message):
     from test_pipeline import TINY
 
     config = yaml.safe_load(yaml.safe_dump(TINY))
+    config["methods"].append("pretrained_head")
     config["audit"] = audit
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_config(config)

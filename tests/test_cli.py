@@ -171,14 +171,17 @@ def test_the_pipeline_refuses_a_vector_without_privacy_record(released):
 
 
 def test_the_readme_example_merges_anyones_task_vectors_and_says_they_carry_no_record(tmp_path):
-    """`dpmerge merge --method ties --base w0.safetensors tv1 tv2 -o m.safetensors` on plain files (no metadata
-    at all): merged, a warning on stderr, and a merged model that claims no privacy."""
+    """`dpmerge merge --method ties --base w0.safetensors tv1 tv2 -o m.safetensors` on plain files as anyone's
+    torch code writes them (safetensors.torch.save_file, no metadata at all): merged, a warning on stderr, and a
+    merged model that claims no privacy."""
+    from safetensors.torch import save_file
+
     base = w0()
-    save_tensors(tmp_path / "w0.safetensors", base)
+    save_file(base, str(tmp_path / "w0.safetensors"))
     vectors = [{"w": torch.tensor([1.0, -2.0, 0.0]), "b": torch.tensor([1.0])},
                {"w": torch.tensor([3.0, 2.0, 1.0]), "b": torch.tensor([-1.0])}]
     for index, vector in enumerate(vectors, start=1):
-        save_tensors(tmp_path / f"tv{index}.safetensors", vector)
+        save_file(vector, str(tmp_path / f"tv{index}.safetensors"))
     result = subprocess.run([sys.executable, "-m", "dpmerge.cli", "merge", "--method", "ties", "--base",
                              "w0.safetensors", "tv1.safetensors", "tv2.safetensors", "-o", "m.safetensors"],
                             capture_output=True, text=True, cwd=tmp_path)

@@ -228,6 +228,9 @@ def _check_audit(config):
         if method not in config["methods"]:
             raise ConfigError(f"audit.methods: {method!r} is not among the configured methods "
                               f"({', '.join(config['methods'])})")
+        if METHODS[method].head_only:
+            raise ConfigError(f"audit.methods: {method!r} trains a head on w0 and releases no task vector; the "
+                              "audits' canaries live in the task vector")
     for epsilon in audit["epsilons"]:
         if eps_label(epsilon) not in [eps_label(e) for e in config["epsilons"]]:
             raise ConfigError(f"audit.epsilons: {epsilon} is not one of epsilons {config['epsilons']}")
