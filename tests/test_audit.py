@@ -382,3 +382,36 @@ def test_an_audit_that_cannot_run_is_refused_with_the_config(audit, message):
     config["audit"] = audit
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_config(config)
+
+
+def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_its_run_once(tmp_path, wide,
+                                                                                          monkeypatch):
+    from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
+    from dpmerge.privacy.ledger import task_composition
+    from dpmerge.stages.audit import audit, audit_report
+    from test_privacy import ledger, release
+
+    backbone = wide[0]
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
+    key = tmp_path / "study.key"
+    key.write_text(TEST_STUDY_KEY.hex())
+    key.chmod(0o600)
+    out = tmp_path / "grouped.parquet"
+    audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=prepared_task(tmp_path, "toy", backbone, 3),
+          method="naive_dp", hparams={"epochs": 4, "batch_size": 100, "lr": 0.03, "clip_norm": 1.0}, epsilon=2.0,
+          seed=0, study_key=str(key), out=str(out), canaries=300, kind="black_box", groups={"first": ["a", "b"]})
+    rows = pd.read_parquet(out).set_index("group")
+    assert list(rows.index) == ["all", "first", "rest"]
+    assert rows.loc["first", "canaries"] + rows.loc["rest", "canaries"] == rows.loc["all", "canaries"] == 300
+    audits = build_audit_ledger([str(out)])
+    assert check_audits(audits) == []
+    composed = task_composition(ledger(release("toy", epsilon=2.0)), audits=audits).iloc[0]
+    assert composed["private_audit_runs"] == 1  # three rows, one run
+    audit_report(audit_files=[str(out)], out_prefix=str(tmp_path / "table"), figure=[str(tmp_path / "f.png")])
+    assert len(pd.read_parquet(tmp_path / "table.parquet")) == 1
+    assert "| toy | toy | naive_dp | 2.00 | black_box | first | " in (tmp_path / "table.md").read_text()
+    with pytest.raises(ValueError, match="'z'.*is not a class of toy"):
+        audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=str(tmp_path / "toy.pt"),
+              method="naive_dp", hparams={"epochs": 1, "batch_size": 100, "clip_norm": 1.0}, epsilon=2.0, seed=0,
+              study_key=str(key), out=str(tmp_path / "bad.parquet"), canaries=300, kind="black_box",
+              groups={"first": ["z"]})

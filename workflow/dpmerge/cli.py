@@ -99,7 +99,17 @@ def cmd_audit(args) -> None:
                 hparams=_json_arg(args.hparams, "--hparams"), epsilon=args.epsilon, seed=args.seed,
                 study_key=args.study_key, out=args.out, canaries=args.canaries, audit_delta=args.audit_delta,
                 confidence=args.confidence, zeroshot_head=args.zeroshot_head, kind=args.kind,
-                keep_run=args.keep_run)
+                keep_run=args.keep_run, groups=_named_groups(args.group))
+
+
+def _named_groups(items: list[str]) -> dict[str, list[str]]:
+    groups = {}
+    for item in items:
+        name, _, classes = item.partition("=")
+        if not name or not classes or name in groups:
+            raise SystemExit(f"error: --group expects NAME=CLASS[,CLASS...] once per name, got {item!r}")
+        groups[name] = [c for c in classes.split(",") if c]
+    return groups
 
 
 def cmd_audit_report(args) -> None:

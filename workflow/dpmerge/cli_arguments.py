@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--group", action="append", default=[], metavar="NAME=CLASS[,CLASS...]",
+                   help="black_box: also bound this group of classes' canaries alone (and the other classes' as "
+                        "'rest'), e.g. grayscale=camera on photos (repeatable)")
     p.add_argument("--keep-run", default=None,
                    help="private file (mode 0600) keeping the run's vector, head and canaries with their secret "
                         "coins, for 'dpmerge audit-merge'")

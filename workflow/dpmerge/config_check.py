@@ -242,6 +242,15 @@ def _check_audit(config):
         if 2 * count * audit["delta"] > 0.1:
             raise ConfigError(f"audit.delta: {audit['delta']} with {count} {kind} canaries leaves the bound no power "
                               f"(2 x canaries x delta = {2 * count * audit['delta']:.3g} > 0.1)")
+    for task, groups in audit["groups"].items():
+        tasks = {t for b in config["backbones"].values() for t in b["tasks"]}
+        if task not in tasks:
+            raise ConfigError(f"audit.groups: {task!r} is not a configured task ({', '.join(sorted(tasks))})")
+        if "black_box" not in audit["kinds"]:
+            raise ConfigError("audit.groups: groups are classes of black-box canaries; add black_box to audit.kinds")
+        for name in groups:
+            if name in ("all", "rest"):
+                raise ConfigError(f"audit.groups.{task}: {name!r} is a reserved group name")
     for name in audit["merge"]:
         if name not in config["merge"]:
             raise ConfigError(f"audit.merge: {name!r} is not among the configured merges ({', '.join(config['merge'])})")

@@ -18,6 +18,7 @@ rule audit:
         canaries=lambda wildcards: AUDIT["canaries"][wildcards.kind],
         delta=AUDIT["delta"],
         confidence=AUDIT["confidence"],
+        groups=audit_group_flags,
     log:
         result("logs/audit/{backbone}/{eps}/{method}/{seed}/{task}.{kind}.log"),
     benchmark:
@@ -35,7 +36,7 @@ rule audit:
         "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} "
         "--seed {params.seed} --hparams {params.hparams:q} --kind {wildcards.kind} --canaries {params.canaries} "
-        "--audit-delta {params.delta} --confidence {params.confidence} "
+        "--audit-delta {params.delta} --confidence {params.confidence} {params.groups} "
         f"--study-key {STUDY_KEY} "
         "--threads {threads} --keep-run {output.run} -o {output.row} > {log} 2>&1"
 

@@ -44,6 +44,14 @@ def audit_targets():
     return [AUDIT_TABLE + ext for ext in AUDIT_TABLE_EXTENSIONS] + [FIGURE_AUDIT + ext for ext in FIGURE_EXTENSIONS]
 
 
+def audit_group_flags(wildcards):
+    """--group flags of a black-box audit of a task with configured groups (config audit.groups)."""
+    if wildcards.kind != "black_box":
+        return ""
+    groups = AUDIT["groups"].get(wildcards.task, {})
+    return " ".join(f"--group {shlex.quote(name + '=' + ','.join(classes))}" for name, classes in groups.items())
+
+
 def audit_operator_params(wildcards):
     name = wildcards.operator
     flags = [f"--method {merge_operator(name)}"]

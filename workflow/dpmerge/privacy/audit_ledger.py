@@ -19,7 +19,7 @@ from dpmerge.artifacts import PRIVACY_FIELDS
 from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
 from dpmerge.privacy.randomness import RNG_MODES
 
-AUDIT_COLUMNS = ["path", "backbone", "task", "method", "target_epsilon", "seed", "audit", "model", "operator",
+AUDIT_COLUMNS = ["path", "backbone", "task", "method", "target_epsilon", "seed", "audit", "model", "operator", "group",
                  "canaries", "included", "guesses", "correct", "epsilon_lb", "audit_delta",
                  "claimed_epsilon_at_audit_delta", "recomputed_claim", "verdict", "record_complete", "randomness",
                  "mechanisms", "delta"]
@@ -48,16 +48,18 @@ def build_audit_ledger(paths: list[str]) -> pd.DataFrame:
                                                               "epsilon_lb", "audit_delta",
                                                               "claimed_epsilon_at_audit_delta", "verdict")},
                 "model": "merged" if merged else "individual", "operator": row.get("operator"),
+                "group": row.get("group") or "all",  # a group's row re-reads the same run: no mechanism of its own
                 "recomputed_claim": claim if not merged else float(row["claimed_epsilon_at_audit_delta"]),
                 "record_complete": merged or all(field in record for field in PRIVACY_FIELDS),
                 "randomness": record.get("randomness"),
-                "mechanisms": json.dumps(record_mechanisms(record)) if private else "[]",
+                "mechanisms": json.dumps(record_mechanisms(record)) if private and row.get("group", "all") == "all"
+                else "[]",
                 "delta": float(record["delta"]) if private else 0.0,
             })
     table = pd.DataFrame(rows, columns=AUDIT_COLUMNS)
     # A merged model's claim is its task's audit run's: recomputed there, from that run's record.
     same = ["backbone", "task", "method", "seed", "audit"]
-    runs = table[table["model"] == "individual"].set_index(same)["recomputed_claim"]
+    runs = table[(table["model"] == "individual") & (table["group"] == "all")].set_index(same)["recomputed_claim"]
     for index in table.index[table["model"] == "merged"]:
         key = tuple(table.loc[index, same])
         if key in runs.index:
@@ -89,7 +91,8 @@ def audit_mechanisms(audits: pd.DataFrame | None, task: str) -> tuple[list[tuple
     """The mechanisms of every private audit run on `task` (they compose with its releases), and how many runs."""
     if audits is None or not len(audits):
         return [], 0
-    runs = audits[(audits["task"] == task) & (audits["model"] == "individual") & (audits["mechanisms"] != "[]")]
+    runs = audits[(audits["task"] == task) & (audits["model"] == "individual") & (audits["group"] == "all")
+                  & (audits["mechanisms"] != "[]")]
     return [tuple(m) for value in runs["mechanisms"] for m in json.loads(value)], int(len(runs))
 
 
@@ -101,11 +104,12 @@ def audit_report(audits: pd.DataFrame) -> list[str]:
              "Each audit run repeats a release's mechanism with canaries under its own randomness; its bound is a "
              "lower bound on the epsilon the mechanism can satisfy at the audit's delta, at the stated confidence, "
              "never a guarantee. Its run read the task's data and is composed with the task's releases above.",
-             "", "| backbone | task | method | target eps | audit | model | canaries | correct / guesses | "
-                 "eps lower bound | claimed eps at audit delta |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| backbone | task | method | target eps | audit | model | group | canaries | correct / guesses | "
+                 "eps lower bound | claimed eps at audit delta |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in audits.itertuples():
         model = row.model if row.model == "individual" else f"merged ({row.operator})"
         lines.append(f"| {row.backbone} | {row.task} | {row.method} | {row.target_epsilon} | {row.audit} | {model} "
+                     f"| {row.group} "
                      f"| {row.canaries} | {row.correct} / {row.guesses} | {row.epsilon_lb:.3f} | "
                      f"{row.recomputed_claim:.3f} |")
     return lines

@@ -198,7 +198,8 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
         audited, audit_runs = audit_mechanisms(audits, task)
         mechanisms += audited
         audit_deltas = [] if audits is None or not len(audits) else [
-            float(d) for d in audits[(audits["task"] == task) & (audits["model"] == "individual")]["delta"]]
+            float(d) for d in audits[(audits["task"] == task) & (audits["model"] == "individual")
+                                     & (audits["group"] == "all")]["delta"]]
         count = 0
         if statistics is not None and len(statistics):
             drawn = statistics[(statistics["task"] == task) & (statistics["source"] == "private")

@@ -18,7 +18,9 @@ KIND_LABELS = {"white_box": "white-box (Dirac gradients)", "black_box": "black-b
 
 
 def audit_summary(audits: pd.DataFrame) -> pd.DataFrame:
-    """One row per (backbone, method, target epsilon), from the audit ledger (privacy/audit_ledger.py)."""
+    """One row per (backbone, method, target epsilon), from the audit ledger (privacy/audit_ledger.py): whole
+    audits only (group "all"); `group_summary` has the groups."""
+    audits = audits[audits["group"] == "all"]
     rows = []
     for (backbone, method, target), group in audits.groupby(["backbone", "method", "target_epsilon"], dropna=False,
                                                              sort=True):
@@ -34,6 +36,16 @@ def audit_summary(audits: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def group_summary(audits: pd.DataFrame) -> pd.DataFrame:
+    """Every audit that was split by groups of classes: one row per (audit, group), the whole audit first."""
+    split = audits[audits["group"] != "all"]
+    if not len(split):
+        return pd.DataFrame()
+    keys = ["path", "backbone", "task", "method", "target_epsilon", "audit"]
+    chosen = audits.merge(split[keys].drop_duplicates(), on=keys)
+    return chosen[keys[1:] + ["group", "canaries", "correct", "guesses", "epsilon_lb", "recomputed_claim"]]
+
+
 def _cell(value) -> str:
     if isinstance(value, float):
         return "--" if math.isnan(value) else ("inf" if math.isinf(value) else f"{value:.2f}")
@@ -47,14 +59,22 @@ HEADERS = {"backbone": "backbone", "method": "method", "target_epsilon": "target
            "audits": "audits", "verdict": "verdict"}
 
 
-def write_audit_table(summary: pd.DataFrame, prefix: str, caption: str) -> list[Path]:
-    """<prefix>.parquet (numeric columns), .md and .tex (booktabs)."""
+def write_audit_table(summary: pd.DataFrame, prefix: str, caption: str, groups: pd.DataFrame | None = None
+                      ) -> list[Path]:
+    """<prefix>.parquet (numeric columns), .md (with the groups' bounds, if any) and .tex (booktabs)."""
     paths = [Path(prefix + ext) for ext in (".parquet", ".md", ".tex")]
     atomic_write(paths[0], lambda tmp: summary.to_parquet(tmp, index=False))
     columns = [c for c in HEADERS if c in summary.columns]
     lines = [caption, "", "| " + " | ".join(HEADERS[c] for c in columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(_cell(row[c]) for c in columns) + " |" for _, row in summary.iterrows()]
+    if groups is not None and len(groups):
+        lines += ["", "By group of classes (each group's canaries alone: fewer canaries, less power):", "",
+                  "| backbone | task | method | target eps | audit | group | canaries | correct / guesses | eps_lb |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r.backbone} | {r.task} | {r.method} | {_cell(float(r.target_epsilon))} | {r.audit} | {r.group} "
+                  f"| {r.canaries} | {r.correct} / {r.guesses} | {_cell(float(r.epsilon_lb))} |"
+                  for r in groups.itertuples()]
     atomic_write(paths[1], lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
     escaped = caption.replace("%", r"\%").replace("_", r"\_")
     tex = [r"\begin{table}[t]", r"\centering", rf"\caption{{{escaped}}}",

@@ -30,11 +30,13 @@ AUDIT_KINDS = ("white_box", "black_box")
 def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams: dict, epsilon: float | None,
           seed: int, study_key: str, out: str, canaries: int = 1000, audit_delta: float = AUDIT_DELTA,
           confidence: float = 0.95, zeroshot_head: str | None = None, kind: str = "white_box",
-          keep_run: str | None = None) -> dict:
+          keep_run: str | None = None, groups: dict[str, list[str]] | None = None) -> dict:
     """Run `method` on the task in `data` with `canaries` canaries of `kind` and write one Parquet row: epsilon_lb
     at `audit_delta` and `confidence`, the accountant's epsilon for the run at that delta, and the verdict (FAIL
     when the bound exceeds the claim). Returns the row. `keep_run`: a private file (mode 0600) keeping the run's
-    vector, head and canaries with their coins, for `audit_merged`."""
+    vector, head and canaries with their coins, for `audit_merged`. `groups` (black-box only): {name: class
+    names}; each group's canaries (and the rest's) get a bound of their own, in rows beside the whole audit's
+    (`group` "all"), e.g. whether a class with a spurious feature is more exposed."""
     from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
     from dpmerge.privacy.audit import audit_scores
     from dpmerge.privacy.randomness import MechanismRandomness
@@ -45,6 +47,8 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         raise ValueError(f"--kind must be one of {', '.join(AUDIT_KINDS)}, got {kind!r}")
     if canaries < 2:
         raise ValueError(f"--canaries must be at least 2, got {canaries}")
+    if groups and kind != "black_box":
+        raise ValueError("--group: groups are classes of held-out examples, so only a black_box audit has them")
     if not 0 < audit_delta or 2 * canaries * audit_delta > 0.1:
         raise ValueError(f"--audit-delta {audit_delta} with {canaries} canaries: the bound's 2 m delta term "
                          f"({2 * canaries * audit_delta:.3g}) must stay below 0.1, or the audit has no power; "
@@ -52,6 +56,11 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     prepared, network, config, head, key = training_inputs(
         backbone_spec=backbone_spec, data=data, method=method, hparams=hparams, epsilon=epsilon, seed=seed,
         study_key=study_key, zeroshot_head=zeroshot_head)
+    for name, classes in (groups or {}).items():  # before the run: a typo must not cost a training run
+        unknown = sorted(set(classes) - set(prepared["class_names"]))
+        if unknown or name in ("all", "rest"):
+            raise ValueError(f"--group {name}: {unknown or name!r} is not a class of {prepared['task']} "
+                             f"({', '.join(prepared['class_names'])}) or is a reserved group name")
     identity = {"backbone": backbone, "task": prepared["task"], "method": method,
                 "audit": {"kind": kind, "canaries": canaries}}
     num_classes = prepared["task_spec"]["num_classes"]
@@ -86,11 +95,38 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         kept = {"row": row, "record": record, "kind": kind, "task_vector": result.task_vector, "head": result.head,
                 "included": included, "canaries": canary_state}
         atomic_write(keep_run, lambda tmp: torch.save(kept, tmp), private=True)  # the coins stay secret
-    write_parquet([row], out)
+    rows = [{**row, "group": "all"}]
+    if groups:
+        rows += group_rows(row, groups, prepared["class_names"], inputs.true_labels, scores, included, audit_delta,
+                           confidence, claimed)
+    write_parquet(rows, out)
     log(f"[audit] {backbone}/{prepared['task']}/{method}: epsilon_lb {bound['epsilon_lb']:.3f} at delta "
         f"{audit_delta:g} ({bound['correct']}/{bound['guesses']} guesses right, {canaries} canaries), claimed "
         f"{claimed:.3f}: {row['verdict']}")
     return row
+
+
+def group_rows(row: dict, groups: dict[str, list[str]], class_names: list[str], true_labels, scores, included,
+               audit_delta: float, confidence: float, claimed: float) -> list[dict]:
+    """One row per group of classes and one for the remaining classes: the bound from that group's canaries
+    alone (their coins are independent, so each is a valid bound; with fewer canaries it has less power)."""
+    from dpmerge.privacy.audit import audit_scores
+
+    masks, covered = [], set()
+    for name, classes in groups.items():  # checked against class_names before the run
+        covered |= set(classes)
+        members = {class_names.index(c) for c in classes}
+        masks.append((name, [int(label) in members for label in true_labels.tolist()]))
+    masks.append(("rest", [class_names[label] not in covered for label in true_labels.tolist()]))
+    out = []
+    for name, mask in masks:
+        mask = torch.tensor(mask, dtype=torch.bool)
+        if int(mask.sum()) < 2:
+            raise ValueError(f"--group {name}: {int(mask.sum())} of the canaries are of its classes; need 2 or more")
+        bound = audit_scores(scores[mask].numpy(), included[mask].numpy(), audit_delta, confidence)
+        out.append({**row, **bound, "group": name, "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS"})
+        log(f"[audit] group {name}: epsilon_lb {bound['epsilon_lb']:.3f} from {bound['canaries']} canaries")
+    return out
 
 
 def held_out_canaries(prepared: dict, count: int, num_classes: int, randomness):
@@ -203,7 +239,7 @@ def audit_report(*, audit_files: list[str], out_prefix: str, figure: list[str]):
     import pandas as pd
 
     from dpmerge.privacy.audit_ledger import build_audit_ledger
-    from dpmerge.report.audit import audit_summary, plot_audit, write_audit_table
+    from dpmerge.report.audit import audit_summary, group_summary, plot_audit, write_audit_table
 
     audits = build_audit_ledger(audit_files)
     if not len(audits):
@@ -214,7 +250,7 @@ def audit_report(*, audit_files: list[str], out_prefix: str, figure: list[str]):
                f"{confidence} confidence and the audit's delta, beside the epsilon the accountant gives the audited "
                "run. A lower bound, not a guarantee: a bound far below the claim says the audit had little power, "
                "not that the claim is loose.")
-    write_audit_table(summary, out_prefix, caption)
-    plot_audit(audits, figure, "Audited epsilon against the claim")
+    write_audit_table(summary, out_prefix, caption, group_summary(audits))
+    plot_audit(audits[audits["group"] == "all"], figure, "Audited epsilon against the claim")
     log(f"[audit] {len(audits)} audited models in {len(summary)} settings -> {out_prefix}.md")
     return summary

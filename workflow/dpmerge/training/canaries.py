@@ -102,6 +102,7 @@ class InputCanaries:
         if labels.is_floating_point():
             raise ValueError("black-box canaries are mislabeled examples: the task must be a classification")
         self.features = tuple(f.clone() for f in features)
+        self.true_labels = labels.long().clone()  # which group a canary comes from (stages/audit.py)
         shift = 1 + (randomness.stream("audit_input_canary_labels").uniform(count) * (num_classes - 1)).long()
         self.labels = (labels.long() + shift.clamp(max=num_classes - 1)) % num_classes  # never the true label
         self.included = randomness.stream("audit_input_canary_membership").uniform(count) < 0.5
