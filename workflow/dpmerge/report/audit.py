@@ -105,7 +105,8 @@ def plot_audit(audits: pd.DataFrame, out: list[str], title: str) -> None:
         ax.scatter(x, chosen["epsilon_lb"], marker=marker, color=grey, facecolors="none" if model == "merged" else grey,
                    label=f"{KIND_LABELS[kind]}, {model}")
     ax.axvline(top, color="0.8", linestyle=":", linewidth=1)
-    ax.text(top, 0, " non-private\n (claim inf)", fontsize=7, ha="right", va="bottom", color="0.4")
+    ax.text(top, top * 0.55, "non-private runs (claim infinite)", fontsize=7, ha="right", va="center",
+            rotation=90, color="0.4")
     ax.set(xlim=(0, top * 1.02), ylim=(0, top * 1.02), xlabel="claimed epsilon at the audit's delta",
            ylabel="audit's lower bound on epsilon (95 %)", title=title)
     ax.legend(fontsize=7, loc="upper left")
