@@ -52,6 +52,9 @@ def _with_token_module(vit) -> nn.Module:
 
 def vit_b32_shaped(num_classes: int = 10, seed: int = 0, **overrides):
     """ViT-B/32 (224 px, 12 x 768, 88M parameters) with random weights; returns (model, make_batch)."""
+    from dpmerge.runtime import make_torchvision_importable
+
+    make_torchvision_importable()  # timm imports torchvision, which needs its op schemas beside this torch
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(seed)
