@@ -114,6 +114,16 @@ def wide(tmp_path):
     return WideTop(tmp_path / "wide.bin"), features, labels
 
 
+@pytest.fixture
+def study_key(tmp_path, wide, monkeypatch):
+    """The stages build the wide top (whatever the spec says) and read the test key from a private file."""
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: wide[0])
+    key = tmp_path / "study.key"
+    key.write_text(TEST_STUDY_KEY.hex())
+    key.chmod(0o600)
+    return key
+
+
 def audited(wide, method, epsilon, canaries=2000, **settings):
     from dpmerge.training.finetune import FinetuneConfig, finetune
 
@@ -156,19 +166,17 @@ def test_dp_sam_calibrated_for_one_query_leaks_more_than_dp_sam_calibrated_for_t
     assert broken["epsilon_lb"] > correct["epsilon_lb"] + 0.2
 
 
-def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tmp_path, wide, monkeypatch):
+def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tmp_path, wide, study_key,
+                                                                               monkeypatch):
     from dpmerge import cli
     from dpmerge.artifacts import save_prepared
     from dpmerge.privacy import randomness
 
     backbone, features, labels = wide
-    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
     save_prepared(tmp_path / "toy.pt", task="toy", backbone="toy", task_spec={"num_classes": 2, "metric": "accuracy"},
                   class_names=["a", "b"], train_features=features, train_labels=labels, test_features=features,
                   test_labels=labels, pretrained_sha256=backbone.checkpoint_sha256)
-    key = tmp_path / "study.key"
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    key = study_key
     # a registered kind for the zero-shot-head lookup; the network itself is the wide top above
     args = ["audit", "--backbone", "toy", "--backbone-spec", '{"kind": "efficientnet_lite0"}',
             "--data", str(tmp_path / "toy.pt"), "--method", "naive_dp", "--epsilon", "0.5", "--study-key", str(key), "--canaries", "2000",
@@ -222,21 +230,18 @@ def test_an_audit_without_power_is_refused_before_it_runs(tmp_path):
               canaries=1000, audit_delta=1e-3)
 
 
-def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tmp_path, wide, monkeypatch):
+def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tmp_path, wide, study_key):
     from dpmerge.artifacts import save_prepared
     from dpmerge.stages.audit import audit
 
     backbone, features, labels = wide
-    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
     generator = torch.Generator().manual_seed(1)
     held_out = (torch.randn(400, 16, generator=generator),)
     save_prepared(tmp_path / "toy.pt", task="toy", backbone="toy", task_spec={"num_classes": 4, "metric": "accuracy"},
                   class_names=list("abcd"), train_features=features, train_labels=labels % 4,
                   test_features=held_out, test_labels=torch.randint(0, 4, (400,), generator=generator),
                   pretrained_sha256=backbone.checkpoint_sha256)
-    key = tmp_path / "study.key"
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    key = study_key
     rows = {}
     for method, epsilon in (("nonprivate", None), ("naive_dp", 1.0)):
         rows[method] = audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=str(tmp_path / "toy.pt"),
@@ -266,15 +271,12 @@ def prepared_task(folder, name, backbone, seed):
 
 
 @pytest.mark.parametrize("kind", ["white_box", "black_box"])
-def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_claim(tmp_path, wide, monkeypatch,
+def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_claim(tmp_path, wide, study_key,
                                                                                      kind):
     from dpmerge import cli
 
     backbone = wide[0]
-    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
-    key = tmp_path / "study.key"
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    key = study_key
     spec = '{"kind": "efficientnet_lite0"}'
     runs = []
     for index, task in enumerate(("alpha", "beta")):
@@ -385,17 +387,14 @@ def test_an_audit_that_cannot_run_is_refused_with_the_config(audit, message):
 
 
 def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_its_run_once(tmp_path, wide,
-                                                                                          monkeypatch):
+                                                                                          study_key):
     from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
     from dpmerge.privacy.ledger import task_composition
     from dpmerge.stages.audit import audit, audit_report
     from test_privacy import ledger, release
 
     backbone = wide[0]
-    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: backbone)
-    key = tmp_path / "study.key"
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    key = study_key
     out = tmp_path / "grouped.parquet"
     audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=prepared_task(tmp_path, "toy", backbone, 3),
           method="naive_dp", hparams={"epochs": 4, "batch_size": 100, "lr": 0.03, "clip_norm": 1.0}, epsilon=2.0,
