@@ -103,12 +103,9 @@ def cmd_audit(args) -> None:
 
 
 def _named_groups(items: list[str]) -> dict[str, list[str]]:
-    groups = {}
-    for item in items:
-        name, _, classes = item.partition("=")
-        if not name or not classes or name in groups:
-            raise SystemExit(f"error: --group expects NAME=CLASS[,CLASS...] once per name, got {item!r}")
-        groups[name] = [c for c in classes.split(",") if c]
+    groups = {name: [c for c in classes.split(",") if c] for name, classes in _named_paths(items, "--group").items()}
+    if empty := [name for name, classes in groups.items() if not classes]:
+        raise ValueError(f"--group {empty[0]}=: name at least one class")
     return groups
 
 

@@ -74,7 +74,8 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     if kind == "white_box":
         scores, included = result.canaries.scores(result.task_vector), result.canaries.included
     else:
-        scores, included = inputs.scores(trained_model_loss(network, result)), inputs.included
+        scores = inputs.scores(model_loss(network, network.top_state(), result.task_vector, result.head))
+        included = inputs.included
     bound = audit_scores(scores.numpy(), included.numpy(), audit_delta, confidence)
     private = record["accountant"] is not None
     # The claim at the audit's delta, from what the run's record says ran (sigma, q, steps by queries), never
@@ -146,18 +147,16 @@ def held_out_canaries(prepared: dict, count: int, num_classes: int, randomness):
                          num_classes, randomness)
 
 
-def trained_model_loss(network, result):
-    """Per-example loss of the run's model (w0 + its task vector, with its head) as a function of a batch."""
-    import torch
-
+def model_loss(network, w0: dict, vector: dict, head: dict):
+    """Per-example loss of the model w0 + `vector` with `head`, as a function of a batch (features, labels); the
+    shared network is back at w0 after each call."""
     from dpmerge.models.base import TaskModel, task_model_weights
     from dpmerge.models.losses import task_loss
 
-    w0 = network.top_state()
-    model = TaskModel.with_head(network, result.head)
+    model = TaskModel.with_head(network, head)
 
     def loss(features, labels):
-        network.load_top_state(task_model_weights(w0, result.task_vector))
+        network.load_top_state(task_model_weights(w0, vector))
         try:
             with torch.no_grad(), network.autocast():
                 return task_loss(model(*(f.to(network.device) for f in features)), labels.to(network.device),
@@ -173,8 +172,6 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
     and audit each task's canaries on the merged model, one Parquet row per task. Merging is post-processing, so
     a merged model's bound above its task's claim is a FAIL like an individual's."""
     from dpmerge.merge.registry import OPERATORS, is_personalized, merge
-    from dpmerge.models.base import TaskModel, task_model_weights
-    from dpmerge.models.losses import task_loss
     from dpmerge.models.spec import backbone_from_spec
     from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
     from dpmerge.privacy.audit import audit_scores
@@ -209,14 +206,8 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
             if network is None:
                 network = backbone_from_spec(backbone_spec)
                 w0 = network.top_state()
-            model = TaskModel.with_head(network, run["head"])
-            network.load_top_state(task_model_weights(w0, merged))
-            try:
-                with torch.no_grad(), network.autocast():
-                    scores = -task_loss(model(*(f.to(network.device) for f in run["canaries"]["features"])),
-                                        run["canaries"]["labels"].to(network.device), reduction="none").cpu()
-            finally:
-                network.load_top_state(w0)
+            loss = model_loss(network, w0, merged, run["head"])
+            scores = -loss(tuple(run["canaries"]["features"]), run["canaries"]["labels"])
         bound = audit_scores(scores.double().numpy(), run["included"].numpy(), row["audit_delta"], row["confidence"])
         record = run["record"]
         claimed = (composed_epsilon(record_mechanisms(record), row["audit_delta"], record["accountant"])
