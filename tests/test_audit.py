@@ -414,3 +414,21 @@ def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_it
               method="naive_dp", hparams={"epochs": 1, "batch_size": 100, "clip_norm": 1.0}, epsilon=2.0, seed=0,
               study_key=str(key), out=str(tmp_path / "bad.parquet"), canaries=300, kind="black_box",
               groups={"first": ["z"]})
+
+
+@pytest.mark.parametrize("kind", ["white_box", "black_box"])
+def test_every_audit_draws_its_own_canaries_by_its_full_identity(tmp_path, wide, study_key, kind):
+    """Rule 4: two audits that differ only in the seed (or the budget) share no coins, and the same audit
+    reproduces its own."""
+    from dpmerge.stages.audit import audit
+
+    data = prepared_task(tmp_path, "toy", wide[0], 5)
+    coins = {}
+    for name, seed, epsilon in (("a", 0, 2.0), ("again", 0, 2.0), ("seed", 1, 2.0), ("budget", 0, 4.0)):
+        audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=data, method="naive_dp",
+              hparams={"epochs": 0.2, "batch_size": 100, "clip_norm": 1.0}, epsilon=epsilon, seed=seed,
+              study_key=str(study_key), out=str(tmp_path / f"{name}.parquet"), canaries=200, kind=kind,
+              keep_run=str(tmp_path / f"{name}.pt"))
+        coins[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)["included"]
+    assert torch.equal(coins["a"], coins["again"])
+    assert not torch.equal(coins["a"], coins["seed"]) and not torch.equal(coins["a"], coins["budget"])

@@ -42,6 +42,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     from dpmerge.privacy.randomness import MechanismRandomness
     from dpmerge.stages.finetune import training_inputs
     from dpmerge.training.finetune import finetune as train
+    from dpmerge.training.finetune import finetune_identity
 
     if kind not in AUDIT_KINDS:
         raise ValueError(f"--kind must be one of {', '.join(AUDIT_KINDS)}, got {kind!r}")
@@ -66,7 +67,9 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     num_classes = prepared["task_spec"]["num_classes"]
     inputs = None
     if kind == "black_box":
-        inputs = held_out_canaries(prepared, canaries, num_classes, MechanismRandomness(key, identity, config.rng))
+        # keyed by the audit run's full identity (every setting, the seed, the weights), as its sampler and noise are
+        mechanism = finetune_identity(config, identity, network.checkpoint_sha256)
+        inputs = held_out_canaries(prepared, canaries, num_classes, MechanismRandomness(key, mechanism, config.rng))
     result = train(network, num_classes, tuple(prepared["train_features"]), prepared["train_labels"], config,
                    study_key=key, identity=identity, log=log, head=head, train_head=head is None,
                    audit_canaries=canaries if kind == "white_box" else 0, input_canaries=inputs)
