@@ -32,6 +32,14 @@ def _private(record: dict) -> bool:
     return record.get("accountant") is not None and record.get("method") != "nonprivate"
 
 
+def claimed_epsilon(record: dict, delta: float) -> float:
+    """The epsilon an audited run claims at the audit's `delta`, from what its record says ran (sigma, q, steps by
+    queries), never from the configuration; infinite for a non-private run."""
+    if not _private(record):
+        return math.inf
+    return composed_epsilon(record_mechanisms(record), float(delta), record["accountant"])
+
+
 def build_audit_ledger(paths: list[str]) -> pd.DataFrame:
     """One row per audited model: every row of every audit file (`dpmerge audit`, `dpmerge audit-merge`)."""
     rows = []
@@ -40,8 +48,7 @@ def build_audit_ledger(paths: list[str]) -> pd.DataFrame:
             merged = row.get("model") == "merged"
             record = {} if merged else json.loads(row["privacy_record"])
             private = not merged and _private(record)
-            claim = (composed_epsilon(record_mechanisms(record), float(row["audit_delta"]), record["accountant"])
-                     if private else math.inf)
+            claim = claimed_epsilon(record, row["audit_delta"]) if private else math.inf
             rows.append({
                 "path": str(path), **{k: row.get(k) for k in ("backbone", "task", "method", "target_epsilon", "seed",
                                                               "audit", "canaries", "included", "guesses", "correct",

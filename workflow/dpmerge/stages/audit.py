@@ -37,8 +37,8 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     vector, head and canaries with their coins, for `audit_merged`. `groups` (black-box only): {name: class
     names}; each group's canaries (and the rest's) get a bound of their own, in rows beside the whole audit's
     (`group` "all"), e.g. whether a class with a spurious feature is more exposed."""
-    from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
     from dpmerge.privacy.audit import audit_scores
+    from dpmerge.privacy.audit_ledger import claimed_epsilon
     from dpmerge.privacy.randomness import MechanismRandomness
     from dpmerge.stages.finetune import training_inputs
     from dpmerge.training.finetune import finetune as train
@@ -80,11 +80,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         scores = inputs.scores(model_loss(network, network.top_state(), result.task_vector, result.head))
         included = inputs.included
     bound = audit_scores(scores.numpy(), included.numpy(), audit_delta, confidence)
-    private = record["accountant"] is not None
-    # The claim at the audit's delta, from what the run's record says ran (sigma, q, steps by queries), never
-    # from the configuration.
-    claimed = (composed_epsilon(record_mechanisms(record), audit_delta, record["accountant"]) if private
-               else float("inf"))
+    claimed = claimed_epsilon(record, audit_delta)
     row = {
         "backbone": backbone, "task": prepared["task"], "method": method,
         "target_epsilon": epsilon_column_value(record["target_epsilon"]), "seed": seed, "audit": kind, **bound,
@@ -176,8 +172,8 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
     a merged model's bound above its task's claim is a FAIL like an individual's."""
     from dpmerge.merge.registry import OPERATORS, is_personalized, merge
     from dpmerge.models.spec import backbone_from_spec
-    from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
     from dpmerge.privacy.audit import audit_scores
+    from dpmerge.privacy.audit_ledger import claimed_epsilon
     from dpmerge.training.canaries import dirac_scores
 
     if operator not in OPERATORS or is_personalized(operator):
@@ -212,9 +208,7 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
             loss = model_loss(network, w0, merged, run["head"])
             scores = -loss(tuple(run["canaries"]["features"]), run["canaries"]["labels"])
         bound = audit_scores(scores.double().numpy(), run["included"].numpy(), row["audit_delta"], row["confidence"])
-        record = run["record"]
-        claimed = (composed_epsilon(record_mechanisms(record), row["audit_delta"], record["accountant"])
-                   if record["accountant"] is not None else float("inf"))
+        claimed = claimed_epsilon(run["record"], row["audit_delta"])
         out_rows.append({
             **{k: row[k] for k in ("backbone", "task", "method", "target_epsilon", "seed", "audit")},
             "model": "merged", "operator": operator, "individual_epsilon_lb": row["epsilon_lb"], **bound,
