@@ -16,6 +16,16 @@ epsilon its record claims has refuted its own record.
 
 The guess counts are fixed before any score is seen (`guess_counts`), and the bound is taken over all of them
 with a Bonferroni correction (significance / their number), so choosing the best of them does not inflate it.
+
+Pooling (`audit_scores` on the canaries of several runs together): Steinke et al.'s theorem needs the mechanism
+to be (epsilon, delta)-DP in each canary's coin, nothing more. Independent runs (other tasks, other seeds), each
+(epsilon, delta)-DP in its own canaries, form one such mechanism: a canary's coin changes its own run only. So
+the canaries of a release group's runs make one audit of m = their sum, with the power of the larger m and one
+bound in place of a maximum over runs (the maximum of several 95 % bounds is not a 95 % bound).
+
+Exposure (`membership_auc`): how well the scores separate included from excluded canaries, as the area under
+the ROC curve with DeLong's variance. It compares groups of canaries (is one class more exposed than another?)
+with an interval, where a lower bound on epsilon only says what was refuted.
 """
 
 from __future__ import annotations
@@ -99,5 +109,44 @@ def audit_scores(scores, included, delta: float, confidence: float = CONFIDENCE,
         if bound > best["epsilon_lb"] or best["guesses"] == 0:
             best = {"epsilon_lb": bound, "guesses": k_in + k_out, "correct": correct, "guessed_in": k_in,
                     "guessed_out": k_out}
+    auc, variance = membership_auc(scores, included)
+    se = math.sqrt(variance)
+    half_width = _normal_quantile(confidence) * se
     return {**best, "canaries": m, "included": int(included.sum()), "delta": delta, "confidence": confidence,
-            "guess_settings": len(counts)}
+            "guess_settings": len(counts), "auc": auc, "auc_se": se, "auc_low": auc - half_width,
+            "auc_high": auc + half_width}
+
+
+def _normal_quantile(confidence: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + confidence / 2))
+
+
+def membership_auc(scores, included) -> tuple[float, float]:
+    """P[an included canary outscores an excluded one] (ties count 1/2) and its DeLong variance (DeLong, DeLong &
+    Clarke-Pearson 1988, by midranks). 0.5: the scores tell nothing; NaN without canaries on both sides."""
+    from scipy.stats import rankdata
+
+    scores = np.asarray(scores, dtype=np.float64)
+    included = np.asarray(included, dtype=bool)
+    inside, outside = scores[included], scores[~included]
+    n_in, n_out = inside.size, outside.size
+    if not n_in or not n_out:
+        return math.nan, math.nan
+    overall = rankdata(scores)
+    # each included canary's share of excluded ones it beats, and each excluded one's share of included it beats
+    beats = (overall[included] - rankdata(inside)) / n_out
+    beaten = 1 - (overall[~included] - rankdata(outside)) / n_in
+    auc = float(beats.mean())
+    if n_in < 2 or n_out < 2:
+        return auc, math.nan
+    return auc, float(beats.var(ddof=1) / n_in + beaten.var(ddof=1) / n_out)
+
+
+def exposure_difference(first: dict, second: dict, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """AUC of `first` minus AUC of `second` (two `audit_scores` results on disjoint canaries, whose coins are
+    independent) with its normal interval."""
+    difference = first["auc"] - second["auc"]
+    spread = _normal_quantile(confidence) * math.hypot(first["auc_se"], second["auc_se"])
+    return difference, difference - spread, difference + spread
