@@ -288,7 +288,8 @@ def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_c
                   "--keep-run", runs[-1], "-o", str(tmp_path / f"{task}.parquet")])
     assert (Path(runs[0]).stat().st_mode & 0o777) == 0o600  # the coins are secret
     cli.main(["audit-merge", *runs, "--method", "task_arithmetic", "--param", "scaling=0.5", "--backbone-spec", spec,
-              "-o", str(tmp_path / "merged.parquet")])
+              "--keep-scores", str(tmp_path / "merged.pt"), "-o", str(tmp_path / "merged.parquet")])
+    assert (Path(tmp_path / "merged.pt").stat().st_mode & 0o777) == 0o600
     merged = pd.read_parquet(tmp_path / "merged.parquet")
     assert list(merged["task"]) == ["alpha", "beta"] and set(merged["operator"]) == {"task_arithmetic"}
     individual = [pd.read_parquet(tmp_path / f"{task}.parquet")["epsilon_lb"].iloc[0] for task in ("alpha", "beta")]
@@ -298,14 +299,24 @@ def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_c
     assert (merged["epsilon_lb"] < merged["individual_epsilon_lb"]).all()
     if kind == "white_box":
         assert (merged["epsilon_lb"] > 0.5).all()
-    # the table and figure read individual and merged audits together
-    cli.main(["audit-report", str(tmp_path / "alpha.parquet"), str(tmp_path / "beta.parquet"),
-              str(tmp_path / "merged.parquet"), "--out-prefix", str(tmp_path / "audit"),
-              "--figure", str(tmp_path / "audit.png"), str(tmp_path / "audit.pdf")])
+    # the release group's pooled audit: both tasks' canaries in one bound, on the task models and the merged one
+    cli.main(["audit-pool", *runs, "--merged", str(tmp_path / "merged.pt"), "-o", str(tmp_path / "pooled.parquet")])
+    pooled = pd.read_parquet(tmp_path / "pooled.parquet").set_index("model")
+    assert list(pooled.index) == ["individual", "merged"] and (pooled["canaries"] == 800).all()
+    assert pooled.loc["merged", "operator"] == "task_arithmetic" and set(pooled["task"]) == {"pooled"}
+    assert pooled.loc["merged", "epsilon_lb"] < pooled.loc["individual", "epsilon_lb"]
+    # the table and figure read individual, merged and pooled audits together; without the pool, two runs give
+    # no cell (the larger of two 95 % bounds is not a 95 % bound)
+    files = [str(tmp_path / f) for f in ("alpha.parquet", "beta.parquet", "merged.parquet")]
+    for name, extra in (("unpooled", []), ("audit", [str(tmp_path / "pooled.parquet")])):
+        cli.main(["audit-report", *files, *extra, "--out-prefix", str(tmp_path / name),
+                  "--figure", str(tmp_path / f"{name}.png"), str(tmp_path / f"{name}.pdf")])
+    assert pd.read_parquet(tmp_path / "unpooled.parquet")[f"{kind} individual epsilon_lb"].isna().all()
     summary = pd.read_parquet(tmp_path / "audit.parquet")
-    assert len(summary) == 1 and summary["audits"].iloc[0] == 4 and summary["verdict"].iloc[0] == "PASS"
-    assert summary[f"{kind} individual epsilon_lb"].iloc[0] == max(individual)
-    assert summary[f"{kind} merged epsilon_lb"].iloc[0] == merged["epsilon_lb"].max()
+    assert len(summary) == 1 and summary["runs"].iloc[0] == 2 and summary["verdict"].iloc[0] == "PASS"
+    assert summary[f"{kind} individual epsilon_lb"].iloc[0] == pooled.loc["individual", "epsilon_lb"]
+    assert summary[f"{kind} merged epsilon_lb"].iloc[0] == pooled.loc["merged", "epsilon_lb"]
+    assert summary[f"{kind} individual canaries"].iloc[0] == 800
     assert "| nonprivate |" in (tmp_path / "audit.md").read_text()
     assert (tmp_path / "audit.png").stat().st_size > 0 and (tmp_path / "audit.pdf").stat().st_size > 0
     with pytest.raises(SystemExit, match="one kept run per task"):
@@ -336,6 +347,8 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
                         "landscape": {"operator": "weight_averaging"}},
         "audit": {"methods": ["naive_dp"], "kinds": ["white_box", "black_box"],
                   "canaries": {"white_box": 64, "black_box": 16}, "merge": ["weight_averaging"]},
+        # the epsilon sweep's budget is audited too: the table has a row per budget
+        "sweeps": {"epsilon": {"epsilons": [8], "methods": ["naive_dp"]}},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     key = tmp_path / "results" / "private" / "study.key"
@@ -352,26 +365,32 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert list(merged["task"]) == ["digits", "textures"] and set(merged["model"]) == {"merged"}
     run = results / "private/audits/effnet/eps4/naive_dp/s0/digits.white_box.pt"
     assert (run.stat().st_mode & 0o777) == 0o600
+    pooled = pd.read_parquet(results / "audits/pooled/effnet/eps4/naive_dp.white_box.parquet").set_index("model")
+    assert list(pooled.index) == ["individual", "merged"] and (pooled["canaries"] == 2 * 64).all()
+    assert json.loads(pooled.loc["individual", "pooled_runs"]) == ["digits/s0", "textures/s0"]
     check = json.loads((results / "privacy/ledger_check.json").read_text())
-    assert (check["verdict"], check["audits"]) == ("PASS", 2 * 2 + 2 * 2)  # 2 tasks x 2 kinds, then merged
+    # per budget: 2 tasks x 2 kinds, then merged, then pooled individual and merged per kind
+    assert (check["verdict"], check["audits"]) == ("PASS", 2 * (2 * 2 + 2 * 2 + 2 * 2))
     ledger_md = (results / "privacy/ledger.md").read_text()
     assert "## Empirical audits" in ledger_md
-    # digits: one release and two audit runs (white- and black-box) composed
-    assert re.search(r"^\| digits \| effnet \| 1 \| 0 \| 2 \| ", ledger_md, re.M), ledger_md
+    # digits: a release and two audit runs (white- and black-box) at each budget composed
+    assert re.search(r"^\| digits \| effnet \| 2 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
     summary = pd.read_parquet(results / "tables/audit.parquet")
-    assert list(summary["method"]) == ["naive_dp"] and summary["verdict"].iloc[0] == "PASS"
+    assert list(summary["target_epsilon"]) == [4.0, 8.0] and (summary["verdict"] == "PASS").all()
+    assert summary["claimed_epsilon"].iloc[0] < summary["claimed_epsilon"].iloc[1]
+    assert summary["white_box individual canaries"].tolist() == [128, 128]
     assert (results / "figures/audit.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("audit,message", [
     ({"methods": ["dp_sam"]}, "audit.methods: 'dp_sam' is not among the configured methods"),
     ({"methods": ["pretrained_head"]}, "audit.methods: 'pretrained_head' trains a head on w0"),
-    ({"methods": ["naive_dp"], "epsilons": [2]}, "audit.epsilons: 2 is not one of epsilons"),
+    ({"methods": ["naive_dp"], "epsilons": [2]}, "audit.epsilons: 2 is not a released budget"),
     ({"methods": ["naive_dp"], "backbones": ["vit"]}, "audit.backbones: unknown backbone 'vit'"),
     ({"methods": ["naive_dp"], "merge": ["dts_difference"]}, "audit.merge: 'dts_difference' needs data statistics"),
     ({"methods": ["naive_dp"], "merge": ["fisher"]}, "audit.merge: 'fisher' needs data statistics"),
     ({"methods": ["naive_dp"], "merge": ["tsv_m"]}, "audit.merge: 'tsv_m' is not among the configured merges"),
-    ({"methods": ["naive_dp"], "delta": 1e-3}, "audit.delta: 0.001 with 1000 white_box canaries leaves the bound"),
+    ({"methods": ["naive_dp"], "delta": 1e-3}, "audit.delta: 0.001 with 1000 white_box canaries in each of the"),
 ])
 def test_an_audit_that_cannot_run_is_refused_with_the_config(audit, message):
     import yaml
@@ -408,7 +427,13 @@ def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_it
     assert composed["private_audit_runs"] == 1  # three rows, one run
     audit_report(audit_files=[str(out)], out_prefix=str(tmp_path / "table"), figure=[str(tmp_path / "f.png")])
     assert len(pd.read_parquet(tmp_path / "table.parquet")) == 1
-    assert "| toy | toy | naive_dp | 2.00 | black_box | first | " in (tmp_path / "table.md").read_text()
+    assert "| toy | toy | naive_dp | 2.00 | 0 | black_box | first | 150 | " in (tmp_path / "table.md").read_text()
+    # the group's classes are chosen first, up to half the canaries (a and b have about 200 held-out examples)
+    assert rows.loc["first", "canaries"] == 150
+    first = rows.loc["first"]
+    assert first["auc_minus_rest_low"] < first["auc_minus_rest"] < first["auc_minus_rest_high"]
+    assert first["auc_minus_rest"] == pytest.approx(first["auc"] - rows.loc["rest", "auc"])
+    assert math.isnan(rows.loc["rest", "auc_minus_rest"]) and 0 <= rows.loc["all", "auc"] <= 1
     with pytest.raises(ValueError, match="'z'.*is not a class of toy"):
         audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=str(tmp_path / "toy.pt"),
               method="naive_dp", hparams={"epochs": 1, "batch_size": 100, "clip_norm": 1.0}, epsilon=2.0, seed=0,

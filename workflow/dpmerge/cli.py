@@ -116,7 +116,11 @@ def cmd_audit_report(args) -> None:
 def cmd_audit_merge(args) -> None:
     runtime.set_threads(args.threads)
     audit.audit_merged(runs=args.runs, operator=args.method, params=_parse_params(args.param),
-                       backbone_spec=_spec(args), out=args.out)
+                       backbone_spec=_spec(args), out=args.out, keep_scores=args.keep_scores)
+
+
+def cmd_audit_pool(args) -> None:
+    audit.audit_pooled(runs=args.runs, merged=args.merged, out=args.out)
 
 
 def cmd_merge(args) -> None:
@@ -229,7 +233,7 @@ def cmd_ledger(args) -> None:
 
 def cmd_answer(args) -> None:
     report.answer(tables=_named_paths(args.table1, "--table1"), ledger=args.ledger, out_markdown=args.out_markdown, out_rst=args.out_rst,
-                  links=args.link, description=args.description)
+                  links=args.link, description=args.description, audit_table=args.audit_table)
 
 
 def _named_paths(items: list[str], flag: str) -> dict[str, str]:
@@ -254,6 +258,7 @@ def cmd_select_budget(args) -> None:
 COMMANDS = {
     "prepare": cmd_prepare, "zeroshot-head": cmd_zeroshot_head, "prepare-data": cmd_prepare_data,
     "make-standins": cmd_make_standins, "pretrained": cmd_pretrained, "finetune": cmd_finetune, "audit": cmd_audit, "audit-merge": cmd_audit_merge,
+    "audit-pool": cmd_audit_pool,
     "audit-report": cmd_audit_report,
     "merge": cmd_merge,
     "statistics": cmd_statistics, "evaluate": cmd_evaluate, "drift": cmd_drift, "linearity": cmd_linearity,

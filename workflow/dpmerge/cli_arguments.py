@@ -176,9 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True, help="the audit's row .parquet")
 
     p = add("audit-report", "The audits' table (per backbone, method and target epsilon: the claim at the audit's "
-                            "delta and the largest bound per kind, individual and merged) and figure (bounds "
-                            "against claims, with the diagonal).")
-    p.add_argument("audits", nargs="+", help="audit rows from 'dpmerge audit' and 'dpmerge audit-merge'")
+                            "delta and the release group's pooled bound per kind, individual and merged) and figure "
+                            "(bounds against claims, with the diagonal).")
+    p.add_argument("audits", nargs="+",
+                   help="audit rows from 'dpmerge audit', 'dpmerge audit-merge' and 'dpmerge audit-pool'")
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
@@ -190,7 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], help="operator hyperparameter key=value (repeatable)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--keep-scores", default=None,
+                   help="private file (mode 0600) keeping every task's canary scores on the merged model with their "
+                        "secret coins, for 'dpmerge audit-pool'")
     p.add_argument("-o", "--out", required=True, help="one row per task .parquet")
+
+    p = add("audit-pool", "One audit of a whole release group: the canaries of every kept run (its tasks and seeds) "
+                          "pooled into one bound, and per merge operator every task's canaries on the merged "
+                          "models; independent runs, each private in its own canaries, are one valid audit with "
+                          "the power of all their canaries. FAIL when a bound exceeds the largest claim.")
+    p.add_argument("runs", nargs="+", help="kept audit runs ('dpmerge audit --keep-run') of one backbone, method, "
+                                           "budget and kind")
+    p.add_argument("--merged", nargs="*", default=[],
+                   help="kept merged scores ('dpmerge audit-merge --keep-scores') of those runs (default: none)")
+    p.add_argument("-o", "--out", required=True, help="the pooled rows .parquet (individual, then per operator)")
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())
@@ -375,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", required=True, help="the privacy ledger's verdict .json ('dpmerge ledger --check-out')")
     p.add_argument("--link", nargs="*", default=[], help="files the page points to")
     p.add_argument("--description", help="reStructuredText appended to the report's front page")
+    p.add_argument("--audit-table", default=None,
+                   help="the audits' table .parquet ('dpmerge audit-report'), summed up in one line (default: none)")
     p.add_argument("--out-markdown", required=True, help="answer .md")
     p.add_argument("--out-rst", required=True, help="answer .rst (the report's front page)")
 

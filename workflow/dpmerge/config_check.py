@@ -231,17 +231,24 @@ def _check_audit(config):
         if METHODS[method].head_only:
             raise ConfigError(f"audit.methods: {method!r} trains a head on w0 and releases no task vector; the "
                               "audits' canaries live in the task vector")
+    released = list(config["epsilons"]) + list((config.get("sweeps") or {}).get("epsilon", {}).get("epsilons", []))
     for epsilon in audit["epsilons"]:
-        if eps_label(epsilon) not in [eps_label(e) for e in config["epsilons"]]:
-            raise ConfigError(f"audit.epsilons: {epsilon} is not one of epsilons {config['epsilons']}")
+        if eps_label(epsilon) not in [eps_label(e) for e in released]:
+            raise ConfigError(f"audit.epsilons: {epsilon} is not a released budget (epsilons {config['epsilons']} "
+                              "or sweeps.epsilon.epsilons)")
     for backbone in audit["backbones"]:
         if backbone not in config["backbones"]:
             raise ConfigError(f"audit.backbones: unknown backbone {backbone!r}; configured: "
                               f"{', '.join(config['backbones'])}")
-    for kind, count in audit["canaries"].items():
-        if 2 * count * audit["delta"] > 0.1:
-            raise ConfigError(f"audit.delta: {audit['delta']} with {count} {kind} canaries leaves the bound no power "
-                              f"(2 x canaries x delta = {2 * count * audit['delta']:.3g} > 0.1)")
+    # a release group's pooled audit holds every task's and audited seed's canaries
+    runs = max([len(config["backbones"][b]["tasks"]) for b in audit["backbones"] or config["backbones"]], default=1)
+    runs *= min(audit["seeds"], len(config["seeds"]))
+    for kind, count in audit["canaries"].items() if audit["methods"] else ():
+        if 2 * count * runs * audit["delta"] > 0.1:
+            raise ConfigError(f"audit.delta: {audit['delta']} with {count} {kind} canaries in each of the {runs} runs "
+                              f"of a pooled audit leaves the bound no power (2 x canaries x delta = "
+                              f"{2 * count * runs * audit['delta']:.3g} > 0.1); use a delta of at most "
+                              f"{0.05 / (count * runs):.2g}")
     for task, groups in audit["groups"].items():
         tasks = {t for b in config["backbones"].values() for t in b["tasks"]}
         if task not in tasks:

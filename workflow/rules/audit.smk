@@ -1,5 +1,6 @@
 # One-run privacy audits (dpmerge audit, config `audit:`): per audited (backbone, eps, method, seed, task, kind)
-# the release's mechanism once more with canaries, per group its merged models, then one table and figure.
+# the release's mechanism once more with canaries, per group its merged models, per (backbone, eps, method,
+# kind) one audit pooling them all, then one table and figure.
 # Paths and input functions: workflow/rules/audit_common.smk.
 
 
@@ -45,7 +46,8 @@ rule audit_merge:
     input:
         runs=per_task(AUDIT_RUN),
     output:
-        AUDIT_MERGED,
+        row=AUDIT_MERGED,
+        scores=AUDIT_MERGED_SCORES,
     params:
         spec=backbone_spec,
         operator=audit_operator_params,
@@ -61,7 +63,27 @@ rule audit_merge:
         runtime="1h",
     shell:
         "dpmerge audit-merge {input.runs} {params.operator} --backbone-spec {params.spec:q} "
-        "--threads {threads} -o {output} > {log} 2>&1"
+        "--threads {threads} --keep-scores {output.scores} -o {output.row} > {log} 2>&1"
+
+
+rule audit_pool:
+    input:
+        runs=pooled_audit_runs,
+        merged=pooled_merged_scores,
+    output:
+        AUDIT_POOLED,
+    log:
+        result("logs/audit_pool/{backbone}/{eps}/{method}.{kind}.log"),
+    wildcard_constraints:
+        kind="white_box|black_box",
+    conda:
+        DPMERGE_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="10m",
+    shell:
+        "dpmerge audit-pool {input.runs} --merged {input.merged} -o {output} > {log} 2>&1"
 
 
 rule audit_report:

@@ -19,10 +19,12 @@ from dpmerge.artifacts import PRIVACY_FIELDS
 from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
 from dpmerge.privacy.randomness import RNG_MODES
 
-AUDIT_COLUMNS = ["path", "backbone", "task", "method", "target_epsilon", "seed", "audit", "model", "operator", "group",
-                 "canaries", "included", "guesses", "correct", "epsilon_lb", "audit_delta",
-                 "claimed_epsilon_at_audit_delta", "recomputed_claim", "verdict", "record_complete", "randomness",
-                 "mechanisms", "delta"]
+# What the ledger copies from each audit row as it is; its own columns follow in AUDIT_COLUMNS.
+COPIED_FIELDS = ("backbone", "task", "method", "target_epsilon", "seed", "audit", "canaries", "included", "guesses",
+                 "correct", "epsilon_lb", "auc", "auc_low", "auc_high", "auc_minus_rest", "auc_minus_rest_low",
+                 "auc_minus_rest_high", "audit_delta", "claimed_epsilon_at_audit_delta", "verdict")
+AUDIT_COLUMNS = ["path", *COPIED_FIELDS, "model", "operator", "group", "pooled_runs", "recomputed_claim",
+                 "record_complete", "randomness", "mechanisms", "delta"]
 
 # The claim recomputed from a record may differ from the audit's own number by float rounding only.
 CLAIM_TOLERANCE = 1e-6
@@ -41,37 +43,54 @@ def claimed_epsilon(record: dict, delta: float) -> float:
 
 
 def build_audit_ledger(paths: list[str]) -> pd.DataFrame:
-    """One row per audited model: every row of every audit file (`dpmerge audit`, `dpmerge audit-merge`)."""
+    """One row per audited model: every row of every audit file (`dpmerge audit`, `dpmerge audit-merge`,
+    `dpmerge audit-pool`). A merged or pooled row runs no mechanism of its own: its claim is that of the audit
+    runs it read, recomputed from their rows here."""
     rows = []
     for path in paths:
         for row in pd.read_parquet(path).to_dict("records"):
-            merged = row.get("model") == "merged"
-            record = {} if merged else json.loads(row["privacy_record"])
-            private = not merged and _private(record)
-            claim = claimed_epsilon(record, row["audit_delta"]) if private else math.inf
+            pooled = json.loads(row["pooled_runs"]) if isinstance(row.get("pooled_runs"), str) else None
+            derived = row.get("model") == "merged" or pooled is not None
+            record = {} if derived else json.loads(row["privacy_record"])
+            private = not derived and _private(record)
             rows.append({
-                "path": str(path), **{k: row.get(k) for k in ("backbone", "task", "method", "target_epsilon", "seed",
-                                                              "audit", "canaries", "included", "guesses", "correct",
-                                                              "epsilon_lb", "audit_delta",
-                                                              "claimed_epsilon_at_audit_delta", "verdict")},
-                "model": "merged" if merged else "individual", "operator": row.get("operator"),
+                "path": str(path), **{field: row.get(field) for field in COPIED_FIELDS},
+                "model": "merged" if row.get("model") == "merged" else "individual", "operator": row.get("operator"),
                 "group": row.get("group") or "all",  # a group's row re-reads the same run: no mechanism of its own
-                "recomputed_claim": claim if not merged else float(row["claimed_epsilon_at_audit_delta"]),
-                "record_complete": merged or all(field in record for field in PRIVACY_FIELDS),
+                "pooled_runs": json.dumps(pooled) if pooled is not None else None,
+                "recomputed_claim": (claimed_epsilon(record, row["audit_delta"]) if private else math.inf)
+                if not derived else math.nan,
+                "record_complete": derived or all(field in record for field in PRIVACY_FIELDS),
                 "randomness": record.get("randomness"),
                 "mechanisms": json.dumps(record_mechanisms(record)) if private and row.get("group", "all") == "all"
                 else "[]",
                 "delta": float(record["delta"]) if private else 0.0,
             })
     table = pd.DataFrame(rows, columns=AUDIT_COLUMNS)
-    # A merged model's claim is its task's audit run's: recomputed there, from that run's record.
-    same = ["backbone", "task", "method", "seed", "audit"]
-    runs = table[(table["model"] == "individual") & (table["group"] == "all")].set_index(same)["recomputed_claim"]
-    for index in table.index[table["model"] == "merged"]:
-        key = tuple(table.loc[index, same])
-        if key in runs.index:
-            table.loc[index, "recomputed_claim"] = float(runs.loc[key]) if runs.index.is_unique else math.nan
+    runs: dict[tuple, list[float]] = {}
+    for row in table[(table["model"] == "individual") & (table["group"] == "all") & table["pooled_runs"].isna()
+                     ].itertuples():
+        runs.setdefault(_run_key(row, row.task, row.seed), []).append(float(row.recomputed_claim))
+
+    def claim_of(row, task, seed) -> float:  # NaN when the run is missing or audited twice: check_audits says so
+        found = runs.get(_run_key(row, task, seed), [])
+        return found[0] if len(found) == 1 else math.nan
+
+    for index in table.index[(table["model"] == "merged") | table["pooled_runs"].notna()]:
+        row = table.loc[index]
+        if isinstance(row["pooled_runs"], str):
+            parts = [name.rsplit("/s", 1) for name in json.loads(row["pooled_runs"])]
+            claims = [claim_of(row, task, seed) for task, seed in parts]
+        else:
+            claims = [claim_of(row, row["task"], row["seed"])]
+        table.loc[index, "recomputed_claim"] = max(claims) if not any(map(math.isnan, claims)) else math.nan
     return table
+
+
+def _run_key(row, task, seed) -> tuple:
+    """One audit run: its backbone, method, budget, kind, task and seed."""
+    get = row.get if isinstance(row, pd.Series) else lambda field: getattr(row, field)
+    return (get("backbone"), get("method"), float(get("target_epsilon")), get("audit"), str(task), int(seed))
 
 
 def check_audits(audits: pd.DataFrame) -> list[str]:
@@ -81,9 +100,14 @@ def check_audits(audits: pd.DataFrame) -> list[str]:
         if not row.record_complete:
             problems.append(f"{where}: the audit run's privacy record is incomplete")
             continue
-        if row.model == "individual" and row.method != "nonprivate" and row.randomness not in RNG_MODES:
+        ran = row.model == "individual" and not isinstance(row.pooled_runs, str)  # a run, not a pool of runs
+        if ran and row.method != "nonprivate" and row.randomness not in RNG_MODES:
             problems.append(f"{where}: the audit run's randomness {row.randomness!r} is not keyed by the study key")
         claim = float(row.recomputed_claim)
+        if math.isnan(claim):
+            problems.append(f"{where}: the audit runs it read are not in the ledger once each "
+                            f"({row.pooled_runs or row.task}), so its claim cannot be recomputed")
+            continue
         if not math.isclose(claim, float(row.claimed_epsilon_at_audit_delta), rel_tol=CLAIM_TOLERANCE):
             problems.append(f"{where}: states a claim of {row.claimed_epsilon_at_audit_delta} at delta "
                             f"{row.audit_delta:g}, its record gives {claim:.6f}")
@@ -115,6 +139,7 @@ def audit_report(audits: pd.DataFrame) -> list[str]:
                  "eps lower bound | claimed eps at audit delta |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in audits.itertuples():
         model = row.model if row.model == "individual" else f"merged ({row.operator})"
+        model += ", pooled" if isinstance(row.pooled_runs, str) else ""
         lines.append(f"| {row.backbone} | {row.task} | {row.method} | {row.target_epsilon} | {row.audit} | {model} "
                      f"| {row.group} "
                      f"| {row.canaries} | {row.correct} / {row.guesses} | {row.epsilon_lb:.3f} | "

@@ -16,6 +16,7 @@ run's full privacy record so that the task's composition can count it.
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
@@ -69,7 +70,9 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     if kind == "black_box":
         # keyed by the audit run's full identity (every setting, the seed, the weights), as its sampler and noise are
         mechanism = finetune_identity(config, identity, network.checkpoint_sha256)
-        inputs = held_out_canaries(prepared, canaries, num_classes, MechanismRandomness(key, mechanism, config.rng))
+        grouped = {prepared["class_names"].index(c) for classes in (groups or {}).values() for c in classes}
+        inputs = held_out_canaries(prepared, canaries, num_classes, MechanismRandomness(key, mechanism, config.rng),
+                                   grouped)
     result = train(network, num_classes, tuple(prepared["train_features"]), prepared["train_labels"], config,
                    study_key=key, identity=identity, log=log, head=head, train_head=head is None,
                    audit_canaries=canaries if kind == "white_box" else 0, input_canaries=inputs)
@@ -93,7 +96,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
                                                                               result.canaries.released_layout]}
                         if kind == "white_box" else {"features": list(inputs.features), "labels": inputs.labels})
         kept = {"row": row, "record": record, "kind": kind, "task_vector": result.task_vector, "head": result.head,
-                "included": included, "canaries": canary_state}
+                "included": included, "scores": scores.double(), "canaries": canary_state}
         atomic_write(keep_run, lambda tmp: torch.save(kept, tmp), private=True)  # the coins stay secret
     rows = [{**row, "group": "all"}]
     if groups:
@@ -110,7 +113,7 @@ def group_rows(row: dict, groups: dict[str, list[str]], class_names: list[str], 
                audit_delta: float, confidence: float, claimed: float) -> list[dict]:
     """One row per group of classes and one for the remaining classes: the bound from that group's canaries
     alone (their coins are independent, so each is a valid bound; with fewer canaries it has less power)."""
-    from dpmerge.privacy.audit import audit_scores
+    from dpmerge.privacy.audit import audit_scores, exposure_difference
 
     masks, covered = [], set()
     for name, classes in groups.items():  # checked against class_names before the run
@@ -118,30 +121,42 @@ def group_rows(row: dict, groups: dict[str, list[str]], class_names: list[str], 
         members = {class_names.index(c) for c in classes}
         masks.append((name, [int(label) in members for label in true_labels.tolist()]))
     masks.append(("rest", [class_names[label] not in covered for label in true_labels.tolist()]))
-    out = []
+    bounds = {}
     for name, mask in masks:
         mask = torch.tensor(mask, dtype=torch.bool)
         if int(mask.sum()) < 2:
             raise ValueError(f"--group {name}: {int(mask.sum())} of the canaries are of its classes; need 2 or more")
-        bound = audit_scores(scores[mask].numpy(), included[mask].numpy(), audit_delta, confidence)
-        out.append({**row, **bound, "group": name, "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS"})
-        log(f"[audit] group {name}: epsilon_lb {bound['epsilon_lb']:.3f} from {bound['canaries']} canaries")
+        bounds[name] = audit_scores(scores[mask].numpy(), included[mask].numpy(), audit_delta, confidence)
+    out = []
+    for name, bound in bounds.items():
+        # exposure against the other classes': AUC difference with its interval (NaN for "rest" itself)
+        difference = (math.nan,) * 3 if name == "rest" else exposure_difference(bound, bounds["rest"], confidence)
+        out.append({**row, **bound, "group": name, "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS",
+                    **dict(zip(("auc_minus_rest", "auc_minus_rest_low", "auc_minus_rest_high"), difference))})
+        log(f"[audit] group {name}: epsilon_lb {bound['epsilon_lb']:.3f} from {bound['canaries']} canaries, AUC "
+            f"{bound['auc']:.3f} [{bound['auc_low']:.3f}, {bound['auc_high']:.3f}]")
     return out
 
 
-def held_out_canaries(prepared: dict, count: int, num_classes: int, randomness):
+def held_out_canaries(prepared: dict, count: int, num_classes: int, randomness, grouped: set[int] = frozenset()):
     """`count` test examples of the task, a keyed random subset, as black-box canaries (never in the training
-    split, so a canary is in the audit run's training set exactly when its coin says so)."""
+    split, so a canary is in the audit run's training set exactly when its coin says so). Examples of the
+    `grouped` classes come first, up to half the canaries: a group audited alone needs every canary it can get,
+    and the choice is made before any coin, so it biases no guess."""
     import torch
 
     from dpmerge.training.canaries import InputCanaries
 
-    available = int(prepared["test_labels"].shape[0])
+    labels = prepared["test_labels"]
+    available = int(labels.shape[0])
     if count > available:
         raise ValueError(f"--canaries {count}: black-box canaries are held-out test examples, and "
                          f"{prepared['task']} has {available}")
     generator = torch.Generator().manual_seed(randomness.seed("audit_input_canary_choice"))
-    pick = torch.randperm(available, generator=generator)[:count]
+    order = torch.randperm(available, generator=generator)
+    in_group = torch.tensor([int(label) in grouped for label in labels[order].tolist()], dtype=torch.bool)
+    first = order[in_group][: count // 2] if grouped else order[:0]
+    pick = torch.cat([first, order[~torch.isin(order, first)]])[:count]
     return InputCanaries(tuple(f[pick] for f in prepared["test_features"]), prepared["test_labels"][pick],
                          num_classes, randomness)
 
@@ -166,10 +181,12 @@ def model_loss(network, w0: dict, vector: dict, head: dict):
     return loss
 
 
-def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec: dict, out: str) -> list[dict]:
+def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec: dict, out: str,
+                 keep_scores: str | None = None) -> list[dict]:
     """Merge the kept audit runs of one release group (one per task, `dpmerge audit --keep-run`) with `operator`
     and audit each task's canaries on the merged model, one Parquet row per task. Merging is post-processing, so
-    a merged model's bound above its task's claim is a FAIL like an individual's."""
+    a merged model's bound above its task's claim is a FAIL like an individual's. `keep_scores`: a private file
+    (mode 0600) with every task's canary scores on the merged model and their coins, for `audit_pooled`."""
     from dpmerge.merge.registry import OPERATORS, is_personalized, merge
     from dpmerge.models.spec import backbone_from_spec
     from dpmerge.privacy.audit import audit_scores
@@ -178,12 +195,7 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
 
     if operator not in OPERATORS or is_personalized(operator):
         raise ValueError(f"--method {operator!r}: an audit merges with a registered operator that makes one model")
-    kept = []
-    for path in runs:
-        try:
-            kept.append(torch.load(path, map_location="cpu", weights_only=True))
-        except Exception as error:
-            raise ValueError(f"{path} is not a kept audit run ('dpmerge audit --keep-run'): {error}") from None
+    kept = [load_kept(path, "a kept audit run ('dpmerge audit --keep-run')") for path in runs]
     rows = [k["row"] for k in kept]
     for field in ("backbone", "method", "target_epsilon", "audit", "seed"):
         if len({str(r[field]) for r in rows}) != 1:
@@ -196,7 +208,7 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
         raise ValueError("the runs were trained from different w0")
     merged = merge(operator, [k["task_vector"] for k in kept], **params)
     network = w0 = None
-    out_rows = []
+    out_rows, scored = [], []
     for path, run in zip(runs, kept):
         row = run["row"]
         if run["kind"] == "white_box":
@@ -209,6 +221,7 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
             scores = -loss(tuple(run["canaries"]["features"]), run["canaries"]["labels"])
         bound = audit_scores(scores.double().numpy(), run["included"].numpy(), row["audit_delta"], row["confidence"])
         claimed = claimed_epsilon(run["record"], row["audit_delta"])
+        scored.append({"row": row, "record": run["record"], "scores": scores.double(), "included": run["included"]})
         out_rows.append({
             **{k: row[k] for k in ("backbone", "task", "method", "target_epsilon", "seed", "audit")},
             "model": "merged", "operator": operator, "individual_epsilon_lb": row["epsilon_lb"], **bound,
@@ -217,8 +230,82 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
         })
         log(f"[audit] {operator} of {len(runs)} runs, {row['task']}: epsilon_lb {bound['epsilon_lb']:.3f} "
             f"(individual {row['epsilon_lb']:.3f}, claimed {claimed:.3f}): {out_rows[-1]['verdict']}")
+    if keep_scores:
+        kept_scores = {"operator": operator, "params": params, "runs": scored}
+        atomic_write(keep_scores, lambda tmp: torch.save(kept_scores, tmp), private=True)  # the coins stay secret
     write_parquet(out_rows, out)
     return out_rows
+
+
+def load_kept(path: str, what: str) -> dict:
+    """A private file of an audit's scores and coins (`--keep-run`, `--keep-scores`), or an error naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(f"{path} is not {what}: {error}") from None
+
+
+POOLED_FIELDS = ("backbone", "method", "target_epsilon", "audit", "audit_delta", "confidence")
+
+
+def audit_pooled(*, runs: list[str], merged: list[str] = (), out: str) -> list[dict]:
+    """One audit of a whole release group: the canaries of every kept run (`dpmerge audit --keep-run`: its tasks,
+    and seeds) pooled into one bound, and per merge operator the canaries of every task on its merged models
+    (`dpmerge audit-merge --keep-scores`) pooled likewise (privacy/audit.py: why pooling independent runs is one
+    valid audit). The claim is the largest of the runs' claims; a bound above it is a FAIL."""
+    from dpmerge.privacy.audit import audit_scores
+    from dpmerge.privacy.audit_ledger import claimed_epsilon
+
+    if not runs:
+        raise ValueError("no kept audit runs to pool")
+    kept = [load_kept(path, "a kept audit run ('dpmerge audit --keep-run')") for path in runs]
+    if old := [path for path, k in zip(runs, kept) if "scores" not in k]:
+        raise ValueError(f"{old[0]}: kept before runs kept their canaries' scores; run its audit again")
+    scored_runs = {path: load_kept(path, "a merged audit's scores ('dpmerge audit-merge --keep-scores')")
+                   for path in merged}
+    units = [{"row": k["row"], "record": k["record"], "scores": k["scores"], "included": k["included"]} for k in kept]
+    everything = units + [run for scored in scored_runs.values() for run in scored["runs"]]
+    for field in POOLED_FIELDS:
+        if len({str(unit["row"][field]) for unit in everything}) != 1:
+            raise ValueError(f"the pooled runs differ in {field} ({sorted({str(u['row'][field]) for u in everything})}"
+                             "): one backbone, method, budget and audit kind pool together")
+    first = units[0]["row"]
+
+    def component(unit) -> str:
+        return f"{unit['row']['task']}/s{unit['row']['seed']}"
+
+    components = [component(u) for u in units]
+    if len(set(components)) != len(components):
+        raise ValueError(f"a run is given twice: {sorted(c for c in components if components.count(c) > 1)}")
+    claims = {component(u): claimed_epsilon(u["record"], first["audit_delta"]) for u in units}
+
+    def pooled_row(pool: list[dict], model: str, operator: str | None) -> dict:
+        names = [component(u) for u in pool]
+        if missing := sorted(set(names) - set(claims)):
+            raise ValueError(f"merged scores of {missing} have no kept run among the runs pooled")
+        if len(set(names)) != len(names):
+            raise ValueError(f"{operator}: a task and seed scored twice ({sorted(names)})")
+        scores = torch.cat([u["scores"].double() for u in pool]).numpy()
+        included = torch.cat([u["included"] for u in pool]).numpy()
+        if 2 * scores.size * first["audit_delta"] > 0.1:
+            raise ValueError(f"pooling {scores.size} canaries at delta {first['audit_delta']:g}: the bound's 2 m delta "
+                             f"term must stay below 0.1; audit at a delta of at most {0.05 / scores.size:.2g}")
+        bound = audit_scores(scores, included, first["audit_delta"], first["confidence"])
+        claim = max(claims[name] for name in names)
+        log(f"[audit] pooled {model}{' ' + operator if operator else ''} of {len(pool)} runs: epsilon_lb "
+            f"{bound['epsilon_lb']:.3f} from {bound['canaries']} canaries, claimed {claim:.3f}")
+        return {**{k: first[k] for k in ("backbone", "method", "target_epsilon", "audit")}, "task": "pooled",
+                "seed": None, "model": model, "operator": operator, **bound, "audit_delta": first["audit_delta"],
+                "claimed_epsilon_at_audit_delta": claim, "verdict": "FAIL" if bound["epsilon_lb"] > claim else "PASS",
+                "pooled_runs": json.dumps(sorted(names))}
+
+    rows = [pooled_row(units, "individual", None)]
+    operators: dict[str, list[dict]] = {}
+    for scored in scored_runs.values():
+        operators.setdefault(scored["operator"], []).extend(scored["runs"])
+    rows += [pooled_row(pool, "merged", operator) for operator, pool in sorted(operators.items())]
+    write_parquet(rows, out)
+    return rows
 
 
 def audit_report(*, audit_files: list[str], out_prefix: str, figure: list[str]):
@@ -234,10 +321,10 @@ def audit_report(*, audit_files: list[str], out_prefix: str, figure: list[str]):
         raise ValueError("no audit rows in the given files")
     summary = audit_summary(audits)
     confidence = ", ".join(sorted({f"{100 * c:g} %" for c in pd.read_parquet(audit_files[0])["confidence"]}))
-    caption = (f"One-run privacy audits (Steinke et al. 2023): the largest lower bound on epsilon over tasks at "
-               f"{confidence} confidence and the audit's delta, beside the epsilon the accountant gives the audited "
-               "run. A lower bound, not a guarantee: a bound far below the claim says the audit had little power, "
-               "not that the claim is loose.")
+    caption = (f"One-run privacy audits (Steinke et al. 2023): the lower bound on epsilon at {confidence} "
+               "confidence and the audit's delta from every task's (and seed's) canaries pooled in one audit, beside "
+               "the largest epsilon the accountant gives the audited runs. A lower bound, not a guarantee: a bound "
+               "far below the claim says the audit had little power, not that the claim is loose.")
     write_audit_table(summary, out_prefix, caption, group_summary(audits))
     plot_audit(audits[audits["group"] == "all"], figure, "Audited epsilon against the claim")
     log(f"[audit] {len(audits)} audited models in {len(summary)} settings -> {out_prefix}.md")
