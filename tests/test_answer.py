@@ -73,3 +73,26 @@ def test_one_seed_claims_no_confidence(tmp_path):
     page = (tmp_path / "a.md").read_text()
     assert "toy: one seed, so no intervals; DP-Merging − DP is positive under 1 of 1 operators" in page
     assert "95 % confidence" not in page
+
+
+def test_the_page_sums_up_the_audits_table_with_its_largest_bounds_and_failures():
+    from dpmerge.report.answer import audit_line
+
+    nan, inf = float("nan"), float("inf")
+    summary = pd.DataFrame([
+        {"backbone": "effnet", "method": "naive_dp", "target_epsilon": 4.0, "claimed_epsilon": 6.1,
+         "white_box individual epsilon_lb": 0.4, "white_box merged epsilon_lb": 0.1,
+         "black_box individual epsilon_lb": nan, "black_box merged epsilon_lb": nan, "verdict": "PASS"},
+        {"backbone": "effnet", "method": "dp_merging", "target_epsilon": 1.0, "claimed_epsilon": 1.7,
+         "white_box individual epsilon_lb": 0.2, "white_box merged epsilon_lb": 0.0,
+         "black_box individual epsilon_lb": 0.7, "black_box merged epsilon_lb": 0.0, "verdict": "PASS"},
+        {"backbone": "minilm", "method": "nonprivate", "target_epsilon": inf, "claimed_epsilon": inf,
+         "white_box individual epsilon_lb": 1.3, "white_box merged epsilon_lb": 0.5,
+         "black_box individual epsilon_lb": 1.9, "black_box merged epsilon_lb": 0.4, "verdict": "PASS"},
+    ])
+    line = audit_line(summary)
+    assert "3 settings, no bound above its claim" in line
+    assert "largest private bound 0.70 (black-box individual, effnet, DP-Merging, ε = 1, claimed 1.70)" in line
+    assert "largest non-private bound 1.90 (black-box individual, minilm, " in line
+    summary.loc[0, "verdict"] = "FAIL"
+    assert "1 with a bound above its claim (FAIL)" in audit_line(summary)

@@ -472,7 +472,8 @@ def protocol_candidates():
 
 def answer_links():
     tables = [f"{prefix}.html" for prefix in PLANNED_TABLES]
-    return tables + [f"{prefix}.png" for prefix in all_figures()] + [LEDGER_REPORT]
+    audits = [f"{AUDIT_TABLE}.md" for _ in answer_audit_table()]  # workflow/rules/audit_common.smk
+    return tables + [f"{prefix}.png" for prefix in all_figures()] + [LEDGER_REPORT] + audits
 
 
 for _table, _reason in SKIPPED_TABLES:

@@ -319,11 +319,13 @@ rule answer:
     input:
         tables=list(answer_tables().values()),
         ledger=LEDGER_CHECK,
+        audits=answer_audit_table(),
     output:
         markdown=ANSWER,
         rst=ANSWER_RST,
     params:
         tables=" ".join(shlex.quote(f"{s}={p}") for s, p in answer_tables().items()),
+        audits=" ".join(f"--audit-table {path}" for path in answer_audit_table()),
         links=" ".join(answer_links()),
         description=os.path.join(workflow.current_basedir, "..", "report", "workflow.rst"),
     log:
@@ -336,7 +338,8 @@ rule answer:
         runtime="5m",
     shell:
         "dpmerge answer --table1 {params.tables} --ledger {input.ledger} --link {params.links} "
-        "--description {params.description:q} --out-markdown {output.markdown} --out-rst {output.rst} > {log} 2>&1"
+        "--description {params.description:q} {params.audits} --out-markdown {output.markdown} "
+        "--out-rst {output.rst} > {log} 2>&1"
 
 
 # The training-budget protocol's choice (presets/protocol.yaml): one candidate per configured backbone.

@@ -122,10 +122,31 @@ def _rst_table(rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def audit_line(summary: pd.DataFrame) -> str:
+    """One sentence on the audits' table (report/audit.py): how many settings, whether any bound exceeds its
+    claim, and the largest private and non-private bounds with where they were measured."""
+    columns = [c for c in summary.columns if c.endswith(" epsilon_lb")]
+    long = summary.melt(id_vars=["backbone", "method", "target_epsilon", "claimed_epsilon"], value_vars=columns,
+                        var_name="audit", value_name="epsilon_lb").dropna(subset=["epsilon_lb"])
+    failed = int((summary["verdict"] == "FAIL").sum())
+    verdict = f"{failed} with a bound above its claim (FAIL)" if failed else "no bound above its claim"
+    parts = [f"Empirical audits (one-run, each release group's runs pooled, 95 % lower bounds on ε): "
+             f"{len(summary)} settings, {verdict}"]
+    for label, chosen in (("private", long[long["target_epsilon"].map(lambda e: e != float("inf"))]),
+                          ("non-private", long[long["target_epsilon"] == float("inf")])):
+        if len(chosen):
+            top = chosen.loc[chosen["epsilon_lb"].idxmax()]
+            where = top["audit"].removesuffix(" epsilon_lb").replace("_", "-")
+            claim = f", claimed {top['claimed_epsilon']:.2f}" if label == "private" else ""
+            parts.append(f"largest {label} bound {top['epsilon_lb']:.2f} ({where}, {top['backbone']}, "
+                         f"{METHOD_LABELS.get(top['method'], top['method'])}, ε = {top['target_epsilon']:g}{claim})")
+    return "; ".join(parts) + ". A lower bound says what the audit could refute, not what the run leaks at most."
+
+
 def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: str, links: list[str],
-                 description: str | None = None) -> None:
+                 description: str | None = None, audit_table: str | None = None) -> None:
     """`tables` maps a setting's label (e.g. 'effnet, ε = 4') to its Table 1 Parquet file; `ledger` is the
-    ledger's check file (JSON)."""
+    ledger's check file (JSON); `audit_table` the audits' table (Parquet), when the study audits."""
     from dpmerge.artifacts import atomic_write
 
     frames = {setting: pd.read_parquet(path) for setting, path in tables.items()}
@@ -138,11 +159,13 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
              "its zero-shot heads), the score a merge must beat to be worth doing. "
              "Each difference is paired by seed (the same seed index, tasks and operator). " + INTERVAL_NOTE)
     ledger_line = f"Privacy ledger (every release's record, recomputed and checked independently): {verdict}."
+    audits = [audit_line(pd.read_parquet(audit_table)), ""] if audit_table else []
     markdown = [f"# {title}", "", intro, "", *_markdown_table(rows), "", *[f"- {s}" for s in summary], "",
-                ledger_line, "", "Files: " + ", ".join(f"`{link}`" for link in links), ""]
+                ledger_line, "", *audits, "Files: " + ", ".join(f"`{link}`" for link in links), ""]
     rst = [title, "=" * len(title), "", intro, "", *_rst_table(rows), "", *[f"- {s}" for s in summary], "",
-           f"**{ledger_line}**", "", "Table 1 and the ablation (Table 5) with every task are under **Tables**, "
-           "the diagnostics under **Figures**, the ledger under **Privacy**. Files: "
+           f"**{ledger_line}**", "", *audits,
+           "Table 1 and the ablation (Table 5) with every task are under **Tables**, the diagnostics "
+           "under **Figures**, the ledger under **Privacy**. Files: "
            + ", ".join(f"``{link}``" for link in links), ""]
     if description:
         rst += ["About this workflow", "-------------------", "", Path(description).read_text()]

@@ -73,11 +73,11 @@ def plot_landscape(*, landscapes: list[str], out: list[str], title: str = "") ->
 
 
 def answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: str, links: list[str],
-           description: str | None = None) -> None:
+           description: str | None = None, audit_table: str | None = None) -> None:
     from dpmerge.report.answer import write_answer
 
     write_answer(tables=tables, ledger=ledger, out_markdown=out_markdown, out_rst=out_rst, links=links,
-                 description=description)
+                 description=description, audit_table=audit_table)
     log(f"[answer] wrote {out_markdown} and {out_rst}")
 
 
