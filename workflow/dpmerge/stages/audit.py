@@ -51,10 +51,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         raise ValueError(f"--canaries must be at least 2, got {canaries}")
     if groups and kind != "black_box":
         raise ValueError("--group: groups are classes of held-out examples, so only a black_box audit has them")
-    if not 0 < audit_delta or 2 * canaries * audit_delta > 0.1:
-        raise ValueError(f"--audit-delta {audit_delta} with {canaries} canaries: the bound's 2 m delta term "
-                         f"({2 * canaries * audit_delta:.3g}) must stay below 0.1, or the audit has no power; "
-                         f"use a delta of at most {0.05 / canaries:.2g}")
+    require_power(canaries, audit_delta, "--audit-delta")
     prepared, network, config, head, key = training_inputs(
         backbone_spec=backbone_spec, data=data, method=method, hparams=hparams, epsilon=epsilon, seed=seed,
         study_key=study_key, zeroshot_head=zeroshot_head)
@@ -88,7 +85,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         "backbone": backbone, "task": prepared["task"], "method": method,
         "target_epsilon": epsilon_column_value(record["target_epsilon"]), "seed": seed, "audit": kind, **bound,
         "audit_delta": audit_delta,
-        "claimed_epsilon_at_audit_delta": claimed, "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS",
+        "claimed_epsilon_at_audit_delta": claimed, "verdict": verdict(bound, claimed),
         "privacy_record": json.dumps(record, sort_keys=True, default=str),
     }
     if keep_run:
@@ -107,6 +104,19 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         f"{audit_delta:g} ({bound['correct']}/{bound['guesses']} guesses right, {canaries} canaries), claimed "
         f"{claimed:.3f}: {row['verdict']}")
     return row
+
+
+def require_power(canaries: int, delta: float, name: str) -> None:
+    """Refuse an audit whose bound's 2 m delta term leaves it no power (Steinke et al.'s delta term)."""
+    if not 0 < delta or 2 * canaries * delta > 0.1:
+        raise ValueError(f"{name} {delta:g} with {canaries} canaries: the bound's 2 m delta term "
+                         f"({2 * canaries * delta:.3g}) must stay below 0.1, or the audit has no power; "
+                         f"use a delta of at most {0.05 / canaries:.2g}")
+
+
+def verdict(bound: dict, claim: float) -> str:
+    """FAIL when the audit refutes the claim: a bound above it means the run is not the mechanism it says."""
+    return "FAIL" if bound["epsilon_lb"] > claim else "PASS"
 
 
 def group_rows(row: dict, groups: dict[str, list[str]], class_names: list[str], true_labels, scores, included,
@@ -131,7 +141,7 @@ def group_rows(row: dict, groups: dict[str, list[str]], class_names: list[str], 
     for name, bound in bounds.items():
         # exposure against the other classes': AUC difference with its interval (NaN for "rest" itself)
         difference = (math.nan,) * 3 if name == "rest" else exposure_difference(bound, bounds["rest"], confidence)
-        out.append({**row, **bound, "group": name, "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS",
+        out.append({**row, **bound, "group": name, "verdict": verdict(bound, claimed),
                     **dict(zip(("auc_minus_rest", "auc_minus_rest_low", "auc_minus_rest_high"), difference))})
         log(f"[audit] group {name}: epsilon_lb {bound['epsilon_lb']:.3f} from {bound['canaries']} canaries, AUC "
             f"{bound['auc']:.3f} [{bound['auc_low']:.3f}, {bound['auc_high']:.3f}]")
@@ -226,7 +236,7 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
             **{k: row[k] for k in ("backbone", "task", "method", "target_epsilon", "seed", "audit")},
             "model": "merged", "operator": operator, "individual_epsilon_lb": row["epsilon_lb"], **bound,
             "audit_delta": row["audit_delta"], "claimed_epsilon_at_audit_delta": claimed,
-            "verdict": "FAIL" if bound["epsilon_lb"] > claimed else "PASS",
+            "verdict": verdict(bound, claimed),
         })
         log(f"[audit] {operator} of {len(runs)} runs, {row['task']}: epsilon_lb {bound['epsilon_lb']:.3f} "
             f"(individual {row['epsilon_lb']:.3f}, claimed {claimed:.3f}): {out_rows[-1]['verdict']}")
@@ -263,21 +273,20 @@ def audit_pooled(*, runs: list[str], merged: list[str] = (), out: str) -> list[d
         raise ValueError(f"{old[0]}: kept before runs kept their canaries' scores; run its audit again")
     scored_runs = {path: load_kept(path, "a merged audit's scores ('dpmerge audit-merge --keep-scores')")
                    for path in merged}
-    units = [{"row": k["row"], "record": k["record"], "scores": k["scores"], "included": k["included"]} for k in kept]
-    everything = units + [run for scored in scored_runs.values() for run in scored["runs"]]
+    everything = kept + [run for scored in scored_runs.values() for run in scored["runs"]]
     for field in POOLED_FIELDS:
         if len({str(unit["row"][field]) for unit in everything}) != 1:
             raise ValueError(f"the pooled runs differ in {field} ({sorted({str(u['row'][field]) for u in everything})}"
                              "): one backbone, method, budget and audit kind pool together")
-    first = units[0]["row"]
+    first = kept[0]["row"]
 
     def component(unit) -> str:
         return f"{unit['row']['task']}/s{unit['row']['seed']}"
 
-    components = [component(u) for u in units]
+    components = [component(u) for u in kept]
     if len(set(components)) != len(components):
         raise ValueError(f"a run is given twice: {sorted(c for c in components if components.count(c) > 1)}")
-    claims = {component(u): claimed_epsilon(u["record"], first["audit_delta"]) for u in units}
+    claims = {component(u): claimed_epsilon(u["record"], first["audit_delta"]) for u in kept}
 
     def pooled_row(pool: list[dict], model: str, operator: str | None) -> dict:
         names = [component(u) for u in pool]
@@ -287,19 +296,17 @@ def audit_pooled(*, runs: list[str], merged: list[str] = (), out: str) -> list[d
             raise ValueError(f"{operator}: a task and seed scored twice ({sorted(names)})")
         scores = torch.cat([u["scores"].double() for u in pool]).numpy()
         included = torch.cat([u["included"] for u in pool]).numpy()
-        if 2 * scores.size * first["audit_delta"] > 0.1:
-            raise ValueError(f"pooling {scores.size} canaries at delta {first['audit_delta']:g}: the bound's 2 m delta "
-                             f"term must stay below 0.1; audit at a delta of at most {0.05 / scores.size:.2g}")
+        require_power(scores.size, first["audit_delta"], "the pooled runs' audit delta")
         bound = audit_scores(scores, included, first["audit_delta"], first["confidence"])
         claim = max(claims[name] for name in names)
         log(f"[audit] pooled {model}{' ' + operator if operator else ''} of {len(pool)} runs: epsilon_lb "
             f"{bound['epsilon_lb']:.3f} from {bound['canaries']} canaries, claimed {claim:.3f}")
         return {**{k: first[k] for k in ("backbone", "method", "target_epsilon", "audit")}, "task": "pooled",
                 "seed": None, "model": model, "operator": operator, **bound, "audit_delta": first["audit_delta"],
-                "claimed_epsilon_at_audit_delta": claim, "verdict": "FAIL" if bound["epsilon_lb"] > claim else "PASS",
+                "claimed_epsilon_at_audit_delta": claim, "verdict": verdict(bound, claim),
                 "pooled_runs": json.dumps(sorted(names))}
 
-    rows = [pooled_row(units, "individual", None)]
+    rows = [pooled_row(kept, "individual", None)]
     operators: dict[str, list[dict]] = {}
     for scored in scored_runs.values():
         operators.setdefault(scored["operator"], []).extend(scored["runs"])
