@@ -8,11 +8,13 @@ whole: ViT-B/32 (224 px, 88M parameters) and RoBERTa-base (128 tokens, 125M para
 
 For each model, every repeat runs, interleaved: a non-private AdamW step; a naive_dp step (Eq. 4) with each
 per-example gradient strategy (persample.py: functorch, hooks, bookkeeping; plus Opacus's two-backward ghost
-clipping for comparison); and, with the backbone's chosen strategy, a dp_merging step (Eq. 4-7, two queries)
-and a naive_dp step whose noise comes from privacy.rng: secure (SHAKE-256, four Gaussian draws per coordinate)
+clipping for comparison); and, with the backbone's chosen strategy, a dp_merging step (Eq. 4-7, two queries),
+a dp_sat_anchor step (DPSAT + anchor: the ascent from the previous step's privatized gradient, one query) and a
+naive_dp step whose noise comes from privacy.rng: secure (SHAKE-256, four Gaussian draws per coordinate)
 instead of the keyed torch generator. It prints median seconds and the ratios naive_dp/nonprivate per strategy,
-dp_merging/naive_dp and secure/keyed.
-Targets (issue 3): naive_dp <= 1.5x non-private with the chosen strategy, dp_merging <= 2.1x naive_dp.
+dp_merging/naive_dp, dp_sat_anchor/naive_dp and secure/keyed.
+Targets: naive_dp <= 1.5x non-private with the chosen strategy, dp_merging <= 2.1x naive_dp (issue 3);
+dp_sat_anchor <= 1.1x naive_dp (issue 21: one query, plus a perturbation and a copy of the gradient).
 """
 
 from __future__ import annotations
@@ -144,13 +146,16 @@ def main() -> None:
             runs = {"nonprivate": ("nonprivate", nonprivate), "naive_dp": ("naive_dp", private)}
             if strategy == chosen:
                 runs["dp_merging"] = ("dp_merging", private)
+                runs["dp_sat_anchor"] = ("dp_sat_anchor", private)
                 runs["naive_dp_secure"] = ("naive_dp", private_secure)
             times = {label: [] for label in runs}
+            memories = {label: {} for label in runs}  # DPSAT's previous gradient, carried across repeats
             for repeat in range(args.repeats + 1):
                 for label, (method, query) in runs.items():
                     gc.collect()
                     start = time.perf_counter()
-                    update = method_update(METHODS[method], query, params, anchors, features, labels, 0.05, 0.05)
+                    update = method_update(METHODS[method], query, params, anchors, features, labels, 0.05, 0.05,
+                                           memories[label])
                     for p, u in zip(params, update):
                         p.grad = u
                     optimizer.step()
@@ -164,6 +169,8 @@ def main() -> None:
             if "dp_merging" in med:
                 line += (f"  dp_merging {med['dp_merging']:7.3f}s  "
                          f"dp_merging/naive_dp {med['dp_merging'] / med['naive_dp']:5.2f}  "
+                         f"dp_sat_anchor {med['dp_sat_anchor']:7.3f}s  "
+                         f"dp_sat_anchor/naive_dp {med['dp_sat_anchor'] / med['naive_dp']:5.2f}  "
                          f"secure {med['naive_dp_secure']:7.3f}s  "
                          f"secure/keyed {med['naive_dp_secure'] / med['naive_dp']:5.2f}")
             print(line, flush=True)

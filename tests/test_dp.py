@@ -197,7 +197,7 @@ def test_poisson_batches_vary_in_size_with_mean_qn():
     assert sum(sizes) / len(sizes) == pytest.approx(20, rel=0.1)
 
 
-@pytest.mark.parametrize("method", ["naive_dp", "dp_merging", "dp_sam", "dp_anchor"])
+@pytest.mark.parametrize("method", ["naive_dp", "dp_merging", "dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor"])
 def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_data, method):
     features, labels = toy_data
     pretrained = toy_backbone.top_state()
@@ -312,7 +312,7 @@ def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(
     honest = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert honest.record["steps_by_queries"] == {"1": 8}
 
-    def leaky_step(query, params, anchors, features, labels, rho, anchor_lambda):
+    def leaky_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
         query(features, labels)  # a second look at the batch, e.g. a forgotten diagnostic
         return query(features, labels)
 

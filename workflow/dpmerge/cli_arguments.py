@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
     p.add_argument("--method", required=True,
-                   help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor; a sensitivity run's label such as "
+                   help="nonprivate, naive_dp, dp_merging, dp_sam, dp_anchor, dp_sat or dp_sat_anchor; a sensitivity run's label such as "
                         "dp_merging-rho0.1 or dp_merging-lambda0.5 must match the value in --hparams")
     p.add_argument("--epsilon", type=float, default=None,
                    help="target epsilon (delta = 1/N unless --hparams gives delta <= 1/N); required by every private "
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
-    p.add_argument("--method", required=True, help="nonprivate, naive_dp, dp_merging, dp_sam or dp_anchor")
+    p.add_argument("--method", required=True, help="nonprivate, naive_dp, dp_merging, dp_sam, dp_anchor, dp_sat or dp_sat_anchor")
     p.add_argument("--epsilon", type=float, default=None,
                    help="target epsilon of the audited mechanism, as for finetune; omitted for nonprivate")
     p.add_argument("--seed", type=int, default=0, help="repetition index of the audit run")

@@ -35,6 +35,7 @@ def table5_caption(wildcards):
         kind=_kind(wildcards.backbone),
         epsilon=eps_value(wildcards.eps),
         n_seeds=len(SEEDS),
+        one_query=[m for m in ONE_QUERY_FLATNESS_METHODS if m in config["methods"]],
     )
 
 
@@ -63,7 +64,7 @@ def table8_caption(wildcards):
 
 
 def table5_scores(wildcards):
-    groups = [g for g in table_groups(wildcards) if g["method"] in ABLATION_METHODS]
+    groups = [g for g in table_groups(wildcards) if g["method"] in ABLATION_METHODS + ONE_QUERY_FLATNESS_METHODS]
     files = [SCORES_INDIVIDUAL.format(**g) for g in groups]
     return files + [SCORES_MERGED.format(operator=o, **g) for g in groups for o in OPERATOR_NAMES]
 

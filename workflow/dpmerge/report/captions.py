@@ -38,11 +38,19 @@ def epsilon_sweep_table_caption(*, operator: str, n_seeds: int) -> str:
             f"naive DP vs DP-Merging, per backbone, {seeds_note(n_seeds)}.")
 
 
-def ablation_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds: int) -> str:
-    """Table 5: DP-Merging without its alignment or its flatness term."""
+def ablation_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds: int,
+                           one_query: list[str] | tuple[str, ...] = ()) -> str:
+    """Table 5: DP-Merging without its alignment or its flatness term (and DPSAT's rows when `one_query` names
+    them)."""
+    dpsat = ""
+    if one_query:
+        rows = " and ".join({"dp_sat": "DPSAT", "dp_sat_anchor": "DPSAT + anchor"}[m] for m in one_query)
+        dpsat = (f"; {rows}: the SAM ascent along the previous step's privatized gradient, one query per step "
+                 f"(Park et al., ICML 2023), so less noise than DP-SAM's two at the same epsilon")
     return (f"Ablation of DP-Merging with {kind} ({backbone}), epsilon = "
             f"{epsilon:g}: average score over tasks (0-100) of the individual models and each merge; "
-            f"w/o Alignment = lambda 0 (DP-SAM only), w/o Flatness = rho 0 (anchor only); {seeds_note(n_seeds)}.")
+            f"w/o Alignment = lambda 0 (DP-SAM only), w/o Flatness = rho 0 (anchor only){dpsat}; "
+            f"{seeds_note(n_seeds)}.")
 
 
 def sensitivity_table_caption(*, parameter: str, method: str, operator: str, backbone: str, kind: str,

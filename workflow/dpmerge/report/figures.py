@@ -19,9 +19,11 @@ METHOD_STYLES = {
     "dp_sam": (":", "^", "0.25"),
     "dp_anchor": ((0, (5, 1, 1, 1, 1, 1)), "D", "0.55"),
     "nonprivate": ("--", "v", "0.6"),
+    "dp_sat": ((0, (1, 1)), "<", "0.3"),
+    "dp_sat_anchor": ((0, (4, 2, 1, 2)), ">", "0.1"),
 }
 _OTHER_STYLES = [((0, (1, 2)), "P", "0.35"), ((0, (8, 2)), "X", "0.5"), ((0, (3, 3)), "*", "0.15")]
-METHOD_ORDER = ("nonprivate", "naive_dp", "dp_sam", "dp_anchor", "dp_merging")
+METHOD_ORDER = ("nonprivate", "naive_dp", "dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor", "dp_merging")
 
 
 def save_figure(fig, out: str | Path) -> None:

@@ -8,17 +8,24 @@ METHOD_LABELS = {
     "dp_merging": "DP-Merging",
     "dp_sam": "DP-Merging w/o alignment",
     "dp_anchor": "DP-Merging w/o flatness",
+    "dp_sat": "DPSAT (one query)",
+    "dp_sat_anchor": "DPSAT + anchor (one query)",
     "pretrained_head": "Pretrained",
 }
-ABLATIONS = ("dp_sam", "dp_anchor")
+# Methods shown beside DP-Merging against DP (Table 1's extra rows): the paper's ablations and DPSAT's one-query
+# flatness without and with the anchor, when configured
+ABLATIONS = ("dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor")
 # The private methods whose task vectors are merged (pretrained_head's are zero and never merged)
-PRIVATE_MERGED_METHODS = ("naive_dp", "dp_merging", "dp_sam", "dp_anchor")
+PRIVATE_MERGED_METHODS = ("naive_dp", "dp_merging", "dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor")
 # Table 5's rows: (method, label); dp_sam keeps SAM and drops the anchor, dp_anchor the reverse
 ABLATION_ROWS = (
     ("naive_dp", "DP"),
     ("dp_sam", "w/o Alignment"),
     ("dp_anchor", "w/o Flatness"),
     ("dp_merging", "DP-Merging (full)"),
+    # DPSAT's one-query flatness (Park et al., ICML 2023), when configured: flatness without DP-SAM's sqrt(2) noise
+    ("dp_sat", "DPSAT (one query)"),
+    ("dp_sat_anchor", "DPSAT + anchor (one query)"),
 )
 SENSITIVITY_SYMBOLS = {"rho": "ρ", "anchor_lambda": "λ"}
 OPERATOR_LABELS = {

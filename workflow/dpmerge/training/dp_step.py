@@ -5,9 +5,17 @@
     h~ = g~(w + eps) on the same Poisson batch                 Eq. (6)  perturbed + sharpness_aware_query
     w <- AdamW(w, h~ + 2*lambda*(w - w0))                       Eq. (7)  add_anchor, AFTER privatization
 
+DPSAT (Park et al., "Differentially Private Sharpness-Aware Training", ICML 2023) moves Eq. (5)'s ascent to the
+previous step's privatized gradient, so each step makes one query instead of two:
+
+    eps_t = rho * g~_{t-1} / ||g~_{t-1}||   (0 at the first step)                previous_step_query
+    g~_t  = g~(w_t + eps_t), one query; w <- AdamW(w, g~_t [+ 2*lambda*(w - w0)])
+
 Poisson sampling of the batch: poisson_batch. The methods are one-line step functions (`STEPS`, called through
 method_update): nonprivate (plain gradient), naive_dp (Eq. 4), dp_merging (Eq. 4-7), dp_sam (w/o alignment:
-lambda = 0) and dp_anchor (w/o flatness: anchor on one query per step). Per-example clipped gradient sums come
+lambda = 0), dp_anchor (w/o flatness: anchor on one query per step), dp_sat and dp_sat_anchor (DPSAT without
+and with the anchor). A step function receives the run's `memory` (a dict the loop keeps and checkpoints), where
+DPSAT keeps g~_{t-1}. Per-example clipped gradient sums come
 from training/persample.py (Opacus vmap/hooks or our one-backward book-keeping, identical results); noise, the
 SAM perturbation and the anchor are done here, so each of the two DP-SAM queries is visible and accounted (see
 privacy/accounting.py). Normalising by the expected batch size (not the realised one) keeps the normaliser
@@ -104,30 +112,56 @@ def sharpness_aware_query(query, params, features, labels, rho: float):
         return query(features, labels)  # Eq. (6): at w + eps, same batch
 
 
+def previous_step_query(query, params, features, labels, rho: float, memory: dict):
+    """DPSAT's one query: g~ at w + rho g~_{t-1}/||g~_{t-1}|| (at w on the first step), remembered for the next step.
+
+    g~_{t-1} was privatized when it was made, so reusing it is post-processing: the step costs one query.
+    """
+    previous = memory.get("previous_gradient")
+    if previous is None:
+        gradient = query(features, labels)
+    else:
+        with perturbed(params, sam_perturbation(previous, rho)):
+            gradient = query(features, labels)
+    # a copy: the anchor is added to the returned update in place, and the ascent must follow g~ alone
+    memory["previous_gradient"] = [g.detach().clone() for g in gradient]
+    return gradient
+
+
 # One function per value of the `method` wildcard: the direction handed to AdamW for one step. `query(features,
 # labels)` is the gradient oracle: Eq. (4)'s privatized gradient for private methods (each call one accounted
 # query; METHODS[...].queries_per_step must match, tested), the plain mini-batch gradient for `nonprivate`.
+# `memory` persists across the run's steps (and its checkpoints).
 
 
-def nonprivate_step(query, params, anchors, features, labels, rho, anchor_lambda):
+def nonprivate_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
     return query(features, labels)
 
 
-def naive_dp_step(query, params, anchors, features, labels, rho, anchor_lambda):
+def naive_dp_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
     return query(features, labels)  # Eq. (4), then AdamW
 
 
-def dp_merging_step(query, params, anchors, features, labels, rho, anchor_lambda):
+def dp_merging_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
     h = sharpness_aware_query(query, params, features, labels, rho)  # Eq. (4)-(6)
     return add_anchor(h, params, anchors, anchor_lambda)  # Eq. (7)
 
 
-def dp_sam_step(query, params, anchors, features, labels, rho, anchor_lambda):
+def dp_sam_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
     return sharpness_aware_query(query, params, features, labels, rho)  # w/o alignment (lambda = 0)
 
 
-def dp_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda):
+def dp_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
     return add_anchor(query(features, labels), params, anchors, anchor_lambda)  # w/o flatness (rho = 0)
+
+
+def dp_sat_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+    return previous_step_query(query, params, features, labels, rho, memory)  # DPSAT
+
+
+def dp_sat_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+    g = previous_step_query(query, params, features, labels, rho, memory)
+    return add_anchor(g, params, anchors, anchor_lambda)  # DPSAT + Eq. (7)'s anchor
 
 
 STEPS = {
@@ -136,13 +170,18 @@ STEPS = {
     "dp_merging": dp_merging_step,
     "dp_sam": dp_sam_step,
     "dp_anchor": dp_anchor_step,
+    "dp_sat": dp_sat_step,
+    "dp_sat_anchor": dp_sat_anchor_step,
     "pretrained_head": naive_dp_step,  # Eq. (4) on the head's parameters alone
 }
 
 
-def method_update(method: Method, query, params, anchors, features, labels, rho: float, anchor_lambda: float):
-    """The direction handed to AdamW for one step of `method` (dispatches to its step function)."""
-    return STEPS[method.name](query, params, anchors, features, labels, rho, anchor_lambda)
+def method_update(method: Method, query, params, anchors, features, labels, rho: float, anchor_lambda: float,
+                  memory: dict | None = None):
+    """The direction handed to AdamW for one step of `method` (dispatches to its step function). `memory`: the
+    run's state across steps (None: a fresh one, i.e. a first step)."""
+    return STEPS[method.name](query, params, anchors, features, labels, rho, anchor_lambda,
+                              {} if memory is None else memory)
 
 
 # ------------------------------------------------------------------------------------------------ training

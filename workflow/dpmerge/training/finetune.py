@@ -94,7 +94,7 @@ class FinetuneConfig:
 
 
 def _save_checkpoint(path: Path, fingerprint: dict, step: int, steps_by_queries: dict, params, optimizer, sampler,
-                     noise) -> None:
+                     noise, memory: dict) -> None:
     # Private (it holds the generators' states): never a release, kept under the results folder's checkpoints/.
     state = {
         "fingerprint": fingerprint,
@@ -104,6 +104,8 @@ def _save_checkpoint(path: Path, fingerprint: dict, step: int, steps_by_queries:
         "optimizer": optimizer.state_dict(),
         "sampler": sampler.get_state(),
         "noise": noise.get_state(),
+        # the step functions' state across steps (DPSAT's previous privatized gradient)
+        "memory": {key: [t.detach().cpu() for t in value] for key, value in memory.items()},
     }
     atomic_write(path, lambda tmp: torch.save(state, tmp), private=True)
 
@@ -299,6 +301,7 @@ def finetune(
         return gradients
 
     first_step = 0
+    memory: dict[str, list[torch.Tensor]] = {}  # what a step function keeps for the next step (method_update)
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
         # Identifies the run a checkpoint belongs to; hashing the data is only worth it when resuming is on.
@@ -327,6 +330,7 @@ def finetune(
             noise.set_state(state["noise"])
             first_step = state["step"]
             steps_by_queries.update(state["steps_by_queries"])
+            memory.update({key: [t.to(device) for t in value] for key, value in state.get("memory", {}).items()})
             log(f"[finetune] resumed from {checkpoint} at step {first_step}/{steps}")
 
     if method.head_only and trains:
@@ -346,7 +350,8 @@ def finetune(
             features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
             labels = train_labels[batch].to(device)
             queries_this_step = 0
-            update = method_update(method, query, params, anchors, features, labels, config.rho, config.anchor_lambda)
+            update = method_update(method, query, params, anchors, features, labels, config.rho, config.anchor_lambda,
+                                   memory)
             steps_by_queries[queries_this_step] += 1
             for p, u in zip(params, update):
                 p.grad = u
@@ -354,7 +359,7 @@ def finetune(
             optimizer.zero_grad(set_to_none=True)
             if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
                 _save_checkpoint(checkpoint, fingerprint, step + 1, steps_by_queries, params, optimizer, sampler,
-                                 noise)
+                                 noise, memory)
             if step % config.log_every == 0 or step == steps - 1:
                 # Progress for the local log only: this loss is NOT privatized and must never be released.
                 with torch.no_grad(), backbone.autocast():

@@ -14,10 +14,13 @@ class Method:
     description: str
     # w0 stays as it is and only the head learns (under DP, at the same budget): the score a merge must beat
     head_only: bool = False
+    # DPSAT (Park et al., ICML 2023): the SAM ascent follows the previous step's privatized gradient, which is
+    # already released to the optimizer, so the step makes one query instead of DP-SAM's two on the same batch
+    ascent_from_previous_step: bool = False
 
     @property
     def queries_per_step(self) -> int:
-        return 2 if self.sharpness_aware else 1
+        return 2 if self.sharpness_aware and not self.ascent_from_previous_step else 1
 
 
 METHODS: dict[str, Method] = {
@@ -26,6 +29,12 @@ METHODS: dict[str, Method] = {
     "dp_merging": Method("dp_merging", True, True, True, "DP-SAM (two noisy clipped queries per batch) + anchor to w0"),
     "dp_sam": Method("dp_sam", True, True, False, "DP-Merging without alignment (lambda = 0)"),
     "dp_anchor": Method("dp_anchor", True, False, True, "DP-Merging without flatness (anchor only, one query per step)"),
+    "dp_sat": Method("dp_sat", True, True, False,
+                     "DPSAT: SAM ascent along the previous step's privatized gradient, one query per step",
+                     ascent_from_previous_step=True),
+    "dp_sat_anchor": Method("dp_sat_anchor", True, True, True,
+                            "DPSAT + anchor to w0: DP-Merging's two terms at one query per step",
+                            ascent_from_previous_step=True),
     "pretrained_head": Method("pretrained_head", True, False, False,
                               "w0 unchanged, a head trained by DP-AdamW at the same budget (CLIP: its zero-shot "
                               "heads, nothing trained); the Pretrained row, the score a merge must beat",
