@@ -13,7 +13,7 @@ import sys
 
 from dpmerge import runtime
 from dpmerge.cli_arguments import build_parser
-from dpmerge.stages import audit, diagnose, evaluate, finetune, ledger, merge, prepare, report
+from dpmerge.stages import audit, diagnose, evaluate, finetune, ledger, merge, mix, prepare, report
 
 
 def _json_arg(text: str, what: str) -> dict:
@@ -121,6 +121,12 @@ def cmd_audit_merge(args) -> None:
 
 def cmd_audit_pool(args) -> None:
     audit.audit_pooled(runs=args.runs, merged=args.merged, out=args.out)
+
+
+def cmd_mix(args) -> None:
+    mix.mix(task_vectors=args.task_vectors, heads=args.heads, target_epsilon=args.target_epsilon, delta=args.delta,
+            utilities=args.utilities, study_key=args.study_key, rng=args.rng, out_vector=args.out_vector,
+            out_head=args.out_head)
 
 
 def cmd_merge(args) -> None:
@@ -261,6 +267,7 @@ COMMANDS = {
     "audit-pool": cmd_audit_pool,
     "audit-report": cmd_audit_report,
     "merge": cmd_merge,
+    "mix": cmd_mix,
     "statistics": cmd_statistics, "evaluate": cmd_evaluate, "drift": cmd_drift, "linearity": cmd_linearity,
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,
     "plot-sharpness-drift": cmd_plot_sharpness_drift, "plot-gap-bound": cmd_plot_gap_bound,

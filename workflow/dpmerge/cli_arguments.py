@@ -206,6 +206,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kept merged scores ('dpmerge audit-merge --keep-scores') of those runs (default: none)")
     p.add_argument("-o", "--out", required=True, help="the pooled rows .parquet (individual, then per operator)")
 
+    p = add("mix", "A task's release at a target epsilon from its releases at other budgets, without training "
+                   "(random selection, arXiv 2604.20985): release one component with probabilities that meet "
+                   "(target, delta) by joint convexity, sum_i p_i delta_i(eps) <= delta, each delta_i(eps) from "
+                   "its record's privacy loss distribution; the draw comes from the study key. Its epsilon holds "
+                   "for a deployment that releases only the mixture, not the components.")
+    p.add_argument("--task-vectors", nargs="+", required=True,
+                   help="one task's task vectors at several budgets (one method, seed and w0)")
+    p.add_argument("--heads", nargs="+", required=True, help="their heads, in the same order")
+    p.add_argument("--target-epsilon", type=float, required=True, help="the mixture's epsilon at --delta")
+    p.add_argument("--delta", type=float, default=None, help="target delta (default: the components' smallest)")
+    p.add_argument("--utilities", type=float, nargs="+", default=None,
+                   help="each component's expected utility, e.g. its score on public data, never on a private "
+                        "split (default: its own budget epsilon: more budget, more utility)")
+    p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
+    p.add_argument("--rng", choices=["keyed", "secure"], default="keyed", help="the draw's generator")
+    p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
+    p.add_argument("--out-head", required=True, help="its head .safetensors")
+
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())
     p = add("merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")

@@ -108,7 +108,13 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
         private = row["record_complete"] and _is_private(meta.get("method"))
         # The accountant's view of the release, from its record alone (the ledger recomputes, never trusts).
         row["mechanisms"] = json.dumps(record_mechanisms(meta)) if private else "[]"
-        if private:
+        if private and "mixture" in meta:  # a random selection among releases at other budgets (dpmerge mix)
+            from dpmerge.privacy.mixing import mixture_mechanisms, mixture_record_epsilon
+
+            row["mechanisms"] = json.dumps(mixture_mechanisms(meta))
+            # recomputed from its components by the PLD; no second accountant yet, so the column says so (NaN)
+            row["recomputed_epsilon"], row["independent_epsilon"] = mixture_record_epsilon(meta), math.nan
+        elif private:
             key = json.dumps({field: meta[field] for field in ACCOUNTING_FIELDS}, sort_keys=True)
             if key not in accounted:
                 accounted[key] = (record_epsilon(meta), independent_epsilon(meta))

@@ -1,0 +1,107 @@
+"""`dpmerge mix`: one task's releases at several budgets in, one release at the target epsilon out, with a record
+the ledger recomputes from its components; bad inputs refused by name."""
+
+import math
+
+import pytest
+import torch
+
+from dpmerge.artifacts import load_tensors, read_metadata, save_released
+from dpmerge.cli import main
+from dpmerge.privacy.accounting import calibrate_noise_multiplier
+from dpmerge.privacy.ledger import build_ledger, check_ledger
+from dpmerge.stages.mix import draw_component, mix
+
+N, RATE, STEPS = 500, 0.1, 40
+
+
+def release(folder, epsilon, task="digits", **changes):
+    """A task vector and head whose records are those of a run at `epsilon` (the tensors are stand-ins)."""
+    sigma = calibrate_noise_multiplier(epsilon, 1 / N, RATE, STEPS)
+    record = {"method": "naive_dp", "target_epsilon": epsilon, "spent_epsilon": epsilon * 0.999, "delta": 1 / N,
+              "noise_multiplier": sigma, "effective_noise_multiplier": sigma, "sample_rate": RATE, "steps": STEPS,
+              "clip_norm": 1.0, "queries_per_step": 1, "steps_by_queries": {"1": STEPS}, "accountant": "rdp",
+              "sampling": "poisson", "neighbouring": "add_remove", "randomness": "keyed", "seed": 0, "rho": 0.0,
+              "anchor_lambda": 0.0, "pretrained_sha256": "w0", "num_train_examples": N, **changes}
+    generator = torch.Generator().manual_seed(int(epsilon * 100))
+    where = {"backbone": "toy", "task": task}
+    vector, head = folder / f"{task}_eps{epsilon:g}.safetensors", folder / f"{task}_eps{epsilon:g}_head.safetensors"
+    save_released(vector, {"w": torch.randn(3, 2, generator=generator)}, record, {**where, "artifact": "task_vector"})
+    save_released(head, {"h": torch.randn(2, generator=generator)}, record, {**where, "artifact": "head"})
+    return str(vector), str(head)
+
+
+def run_mix(tmp_path, components, target=3.0, **kwargs):
+    vectors, heads = map(list, zip(*components))
+    out_vector, out_head = tmp_path / "mixed.safetensors", tmp_path / "mixed_head.safetensors"
+    mixture = mix(task_vectors=vectors, heads=heads, target_epsilon=target, delta=kwargs.pop("delta", None),
+                  utilities=kwargs.pop("utilities", None), study_key=str(tmp_path / "study.key"), rng="keyed",
+                  out_vector=str(out_vector), out_head=str(out_head))
+    return mixture, out_vector, out_head
+
+
+def test_a_mixture_releases_one_component_as_it_is_with_a_record_the_ledger_recomputes(tmp_path):
+    components = [release(tmp_path, 1.0), release(tmp_path, 8.0)]
+    mixture, out_vector, out_head = run_mix(tmp_path, components, target=3.0)
+    chosen = mixture["selected"]
+    assert 0 < mixture["probabilities"][0] < 1 and sum(mixture["probabilities"]) == pytest.approx(1.0)
+    tensors, record = load_tensors(out_vector)
+    assert torch.equal(tensors["w"], load_tensors(components[chosen][0])[0]["w"])
+    assert torch.equal(load_tensors(out_head)[0]["h"], load_tensors(components[chosen][1])[0]["h"])
+    assert record["target_epsilon"] == 3.0 and 0 < record["spent_epsilon"] <= 3.0
+    assert record["delta"] == pytest.approx(1 / N) and record["mixture"]["component_epsilons"] == [1.0, 8.0]
+    ledger = build_ledger([str(out_vector)])
+    assert check_ledger(ledger) == []
+    assert ledger["recomputed_epsilon"].iloc[0] == pytest.approx(record["spent_epsilon"], rel=1e-9)
+    assert math.isnan(ledger["independent_epsilon"].iloc[0])
+    # the same study key and mixture draw the same component: the draw is keyed, not fresh
+    assert run_mix(tmp_path, components, target=3.0)[0]["selected"] == chosen
+
+
+def test_the_ledger_catches_a_mixture_whose_record_claims_less_than_its_components_give(tmp_path):
+    components = [release(tmp_path, 1.0), release(tmp_path, 8.0)]
+    _, out_vector, _ = run_mix(tmp_path, components, target=3.0)
+    tensors, record = load_tensors(out_vector)
+    tampered = tmp_path / "tampered.safetensors"
+    record["mixture"]["probabilities"] = [0.0, 1.0]  # all weight on the epsilon = 8 release, claim unchanged
+    save_released(tampered, tensors, record)
+    problems = check_ledger(build_ledger([str(tampered)]))
+    assert any("spends epsilon" in p for p in problems), problems
+
+
+def test_the_inverse_cdf_draw_gives_each_component_its_probability():
+    probabilities = [0.25, 0.0, 0.75]
+    draws = [draw_component(probabilities, u / 1000) for u in range(1000)]
+    assert draws.count(0) == 250 and draws.count(1) == 0 and draws.count(2) == 750
+    assert draw_component([0.5, 0.5], 1.0 - 1e-17) == 1
+
+
+def test_bad_components_and_settings_are_refused_by_name(tmp_path):
+    low, high = release(tmp_path, 1.0), release(tmp_path, 8.0)
+    other_task = release(tmp_path, 8.0, task="mnist1d")
+    with pytest.raises(ValueError, match="disagree on task"):
+        run_mix(tmp_path, [low, other_task])
+    with pytest.raises(ValueError, match=r"is not the head of .*differ in .*spent_epsilon"):
+        run_mix(tmp_path, [low, (high[0], low[1])])
+    with pytest.raises(ValueError, match="one head per task vector"):
+        mix(task_vectors=[low[0], high[0]], heads=[low[1]], target_epsilon=3.0, delta=None, utilities=None,
+            study_key=str(tmp_path / "k"), rng="keyed", out_vector=str(tmp_path / "v"), out_head=str(tmp_path / "h"))
+    with pytest.raises(ValueError, match=r"--delta must be in \(0, 1/N\]"):
+        run_mix(tmp_path, [low, high], delta=0.5)
+    with pytest.raises(ValueError, match="no selection reaches the target"):
+        run_mix(tmp_path, [low, high], target=0.2)
+    with pytest.raises(ValueError, match="--utilities: one per component"):
+        run_mix(tmp_path, [low, high], utilities=[1.0])
+    _, mixed, _ = run_mix(tmp_path, [low, high])
+    with pytest.raises(ValueError, match="is itself a mixture"):
+        run_mix(tmp_path, [low, (str(mixed), str(tmp_path / "mixed_head.safetensors"))])
+    assert not (tmp_path / "nothing.safetensors").exists()
+
+
+def test_the_command_line_reports_a_bad_target_without_a_traceback(tmp_path, capsys):
+    low, high = release(tmp_path, 1.0), release(tmp_path, 8.0)
+    with pytest.raises(SystemExit, match="error: --target-epsilon must be a positive number"):
+        main(["mix", "--task-vectors", low[0], high[0], "--heads", low[1], high[1], "--target-epsilon", "nan",
+              "--study-key", str(tmp_path / "k"), "--out-vector", str(tmp_path / "v.safetensors"),
+              "--out-head", str(tmp_path / "h.safetensors")])
+    assert read_metadata(low[0])["task"] == "digits"

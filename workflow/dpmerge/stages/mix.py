@@ -1,0 +1,98 @@
+"""A task's release at a target epsilon from its models at other budgets, without training (privacy/mixing.py):
+`dpmerge mix`. The components are one task's task vectors and heads from one w0; one of them is released, drawn
+with the selection's probabilities from a secret stream keyed by the mixture's identity.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpmerge.stages.common import log
+
+# The record fields that must agree between a component's task vector and its head (one run's two files)
+_RUN_FIELDS = ("method", "spent_epsilon", "noise_multiplier", "sample_rate", "steps_by_queries", "seed",
+               "pretrained_sha256", "num_train_examples", "neighbouring", "task", "backbone")
+
+
+def _components(task_vectors: list[str], heads: list[str]) -> list[dict]:
+    from dpmerge.privacy.release import checked_release_records
+
+    if len(task_vectors) != len(heads):
+        raise ValueError(f"give one head per task vector: {len(task_vectors)} task vectors, {len(heads)} heads")
+    records = checked_release_records(task_vectors)
+    for vector, head, record, head_record in zip(task_vectors, heads, records, checked_release_records(heads)):
+        if record.get("artifact") != "task_vector" or head_record.get("artifact") != "head":
+            raise ValueError(f"{vector} and {head}: expected a task vector and its head (fields 'artifact')")
+        if differing := [f for f in _RUN_FIELDS if record.get(f) != head_record.get(f)]:
+            raise ValueError(f"{head} is not the head of {vector}: they differ in {', '.join(differing)}")
+        if "mixture" in record:
+            raise ValueError(f"{vector} is itself a mixture; mix the trained releases it came from")
+    for field in ("task", "backbone", "method", "seed"):
+        if len(values := {str(r.get(field)) for r in records}) > 1:
+            raise ValueError(f"components disagree on {field} ({', '.join(sorted(values))}): a mixture is of one "
+                             f"task's releases by one method and repetition")
+    return records
+
+
+def draw_component(probabilities: list[float], uniform: float) -> int:
+    """The index i with P(i) = p_i, from one uniform in [0, 1) (inverse CDF)."""
+    total = 0.0
+    for index, p in enumerate(probabilities):
+        total += p
+        if uniform < total:
+            return index
+    return max(i for i, p in enumerate(probabilities) if p > 0)  # uniform within rounding of 1
+
+
+def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, delta: float | None,
+        utilities: list[float] | None, study_key: str, rng: str, out_vector: str, out_head: str) -> dict:
+    """Release one of `task_vectors` (with its head) at `target_epsilon`: the selection's probabilities meet
+    (target_epsilon, delta) with the largest expected utility (default utility: each component's budget), and
+    the draw is secret. Returns the mixture's record entry."""
+    from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released
+    from dpmerge.privacy.mixing import plan_selection
+    from dpmerge.privacy.randomness import MechanismRandomness
+    from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"--target-epsilon must be a positive number, got {target_epsilon}")
+    records = _components(task_vectors, heads)
+    n = int(records[0]["num_train_examples"])
+    delta = min(float(r["delta"]) for r in records) if delta is None else float(delta)
+    if not 0 < delta <= 1.0 / n:
+        raise ValueError(f"--delta must be in (0, 1/N] = (0, {1.0 / n:g}] for N = {n}, got {delta:g}")
+    if utilities is not None and len(utilities) != len(records):
+        raise ValueError(f"--utilities: one per component ({len(records)}), got {len(utilities)}")
+    selection = plan_selection(records, target_epsilon, delta, utilities)
+    try:
+        key = load_or_create_key(study_key)
+    except StudyKeyError as error:
+        raise ValueError(f"--study-key: {error}") from None
+    first = records[0]
+    # Keyed by everything that makes this mixture this mechanism: its components and its target
+    identity = {"mechanism": "mix", "backbone": first["backbone"], "task": first["task"], "method": first["method"],
+                "seed": first["seed"], "target_epsilon": float(target_epsilon), "delta": delta,
+                "components": [float(r["target_epsilon"]) for r in records]}
+    uniform = float(MechanismRandomness(key, identity, rng).stream("selection").uniform(1)[0])
+    chosen = draw_component(selection.probabilities, uniform)
+    mixture = {
+        "mode": "selection",
+        "probabilities": selection.probabilities,
+        "component_epsilons": [float(r["target_epsilon"]) for r in records],
+        "component_deltas_at_target": selection.component_deltas,
+        # publishing which component was drawn costs nothing: the index has the same law on neighbouring data
+        "selected": chosen,
+        "components": [{field: r.get(field) for field in PRIVACY_FIELDS} for r in records],
+        "accountant": "pld (dp_accounting), joint convexity of the hockey-stick divergence",
+    }
+    tensors, head = load_tensors(task_vectors[chosen])[0], load_tensors(heads[chosen])[0]
+    record = {field: records[chosen].get(field) for field in PRIVACY_FIELDS}
+    record.update(target_epsilon=float(target_epsilon), spent_epsilon=selection.epsilon, delta=delta,
+                  accountant="pld_mixture", mixture=mixture)
+    where = {"backbone": first["backbone"], "task": first["task"]}
+    save_released(out_head, head, record, {**where, "artifact": "head"})
+    save_released(out_vector, tensors, record, {**where, "artifact": "task_vector"})
+    log(f"[mix] {first['task']}: p = {[round(p, 4) for p in selection.probabilities]} over budgets "
+        f"{mixture['component_epsilons']} meets epsilon {selection.epsilon:.3f} <= {target_epsilon:g} at delta "
+        f"{delta:.3g}; released {out_vector}")
+    return mixture
