@@ -42,6 +42,7 @@ include: "workflow/rules/audit_common.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/audit.smk"
 include: "workflow/rules/merge.smk"
+include: "workflow/rules/mix.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/paper.smk"
 

@@ -15,6 +15,7 @@ from scipy.stats import binom
 from torch import nn
 
 from conftest import TEST_STUDY_KEY
+from dpmerge.artifacts import read_metadata
 from dpmerge.models.base import Backbone
 from dpmerge.privacy.audit import audit_scores, epsilon_lower_bound, guess_counts, one_run_p_value
 
@@ -349,6 +350,8 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
                   "canaries": {"white_box": 64, "black_box": 16}, "merge": ["weight_averaging"]},
         # the epsilon sweep's budget is audited too: the table has a row per budget
         "sweeps": {"epsilon": {"epsilons": [8], "methods": ["naive_dp"]}},
+        # a release at epsilon 6 mixed from those at 4 and 8 (tests/test_mix_stage.py has the rest of mixing)
+        "mix": {"targets": [6], "methods": ["naive_dp"], "operator": "weight_averaging"},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     key = tmp_path / "results" / "private" / "study.key"
@@ -380,6 +383,15 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert summary["claimed_epsilon"].iloc[0] < summary["claimed_epsilon"].iloc[1]
     assert summary["white_box individual canaries"].tolist() == [128, 128]
     assert (results / "figures/audit.png").stat().st_size > 0
+    mixing = pd.read_parquet(results / "tables/mixing.parquet").iloc[0]
+    assert (mixing["backbone"], mixing["method"], mixing["target_epsilon"], mixing["components"]) == \
+        ("effnet", "naive_dp", 6.0, "4, 8")
+    # by its PLD the release calibrated by RDP to 8 may already meet 6 alone: p may put all weight on it
+    assert 0 < mixing["mixture_epsilon"] <= 6.0 and 0 <= mixing["p_largest"] <= 1
+    assert mixing["combination_epsilon"] > 8.0 and 0 <= mixing["mixed_score"] <= 100
+    mixed = results / "mixtures/taskvectors/effnet/eps6/naive_dp/s0/digits.safetensors"
+    assert read_metadata(mixed)["mixture"]["component_epsilons"] == [4.0, 8.0]
+    assert (results / "figures/mixing.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("audit,message", [

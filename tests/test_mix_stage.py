@@ -105,3 +105,39 @@ def test_the_command_line_reports_a_bad_target_without_a_traceback(tmp_path, cap
               "--study-key", str(tmp_path / "k"), "--out-vector", str(tmp_path / "v.safetensors"),
               "--out-head", str(tmp_path / "h.safetensors")])
     assert read_metadata(low[0])["task"] == "digits"
+
+
+@pytest.mark.parametrize("mix_config,message", [
+    ({"targets": [6], "methods": ["nonprivate"]}, "mix.methods: 'nonprivate' must be one of the configured private"),
+    ({"targets": [6], "methods": ["naive_dp"], "operator": "fisher"}, "mix.operator: 'fisher' needs data statistics"),
+    ({"targets": [6], "methods": ["naive_dp"], "operator": "tsv_m"}, "mix.operator: 'tsv_m' is not among"),
+    ({"targets": [3], "methods": ["naive_dp"]}, "mix.targets: 3 on effnet needs a release of naive_dp at a smaller"),
+    # effnet releases naive_dp at 4 and 8: a target at the smallest budget has nothing cheaper to mix in
+    ({"targets": [4], "methods": ["naive_dp"]}, "mix.targets: 4 on effnet needs a release of naive_dp at a smaller"),
+])
+def test_a_mixture_that_cannot_be_built_is_refused_with_the_config(mix_config, message):
+    import re
+
+    import yaml
+
+    from dpmerge.config_check import ConfigError, check_config
+    from test_pipeline import TINY
+
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    config["merge"]["task_arithmetic"] = {}
+    config["mix"] = {"operator": "task_arithmetic", **mix_config}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(config)
+
+
+def test_released_budgets_are_the_main_grids_and_the_sweeps():
+    import yaml
+
+    from dpmerge.config_check import check_config, released_budgets
+    from test_pipeline import TINY
+
+    config = yaml.safe_load(yaml.safe_dump(TINY))
+    check_config(config)
+    assert released_budgets(config, "effnet", "naive_dp") == [4.0, 8.0]
+    assert released_budgets(config, "minilm", "naive_dp") == [4.0]
+    assert released_budgets(config, "effnet", "dp_sam") == []

@@ -129,6 +129,11 @@ def cmd_mix(args) -> None:
             out_head=args.out_head)
 
 
+def cmd_mix_report(args) -> None:
+    mix.mix_report(mixed=args.mixed, vectors=args.vectors, trained=args.trained, out_prefix=args.out_prefix,
+                   figure=args.figure)
+
+
 def cmd_merge(args) -> None:
     merge.merge(operator=args.method, params=_parse_params(args.param), task_vectors=args.task_vectors,
                 base=args.base, out=args.out, vectors=args.vectors, name=args.name, statistics=args.statistics,
@@ -268,6 +273,7 @@ COMMANDS = {
     "audit-report": cmd_audit_report,
     "merge": cmd_merge,
     "mix": cmd_mix,
+    "mix-report": cmd_mix_report,
     "statistics": cmd_statistics, "evaluate": cmd_evaluate, "drift": cmd_drift, "linearity": cmd_linearity,
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,
     "plot-sharpness-drift": cmd_plot_sharpness_drift, "plot-gap-bound": cmd_plot_gap_bound,

@@ -224,6 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
 
+    p = add("mix-report", "The mixing table (PREFIX.parquet, .md, .tex) and figure: merged models of mixtures "
+                          "('dpmerge mix') beside merged models of releases trained at each budget; every "
+                          "mixture's epsilon recomputed from its record.")
+    p.add_argument("--mixed", nargs="+", required=True, help="the mixtures' merged scores (.parquet)")
+    p.add_argument("--vectors", nargs="+", required=True, help="the mixed task vectors (.safetensors)")
+    p.add_argument("--trained", nargs="+", required=True, help="the trained releases' merged scores (.parquet)")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
+    p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
+
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())
     p = add("merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")

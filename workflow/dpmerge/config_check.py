@@ -68,6 +68,7 @@ def check_config(config: dict) -> None:
     _check_diagnostics(config)
     _check_tables_and_sweeps(config)
     _check_audit(config)
+    _check_mix(config)
 
 
 def schema_error(config: dict, error: Exception) -> str:
@@ -265,3 +266,37 @@ def _check_audit(config):
         if operator.personalized or operator.statistic or config["merge"][name].get("vectors", "task") != "task":
             raise ConfigError(f"audit.merge: {name!r} needs data statistics, gives one model per task or merges "
                               "difference vectors; an audit merges the kept runs' task vectors into one model")
+
+
+def released_budgets(config: dict, backbone: str, method: str) -> list[float]:
+    """The budgets `method` is released at on `backbone`: the main grid's and the epsilon sweep's."""
+    budgets = list(config["epsilons"]) if method in config["methods"] else []
+    sweep = (config.get("sweeps") or {}).get("epsilon")
+    if sweep and method in sweep["methods"] and backbone in (sweep.get("backbones") or config["backbones"]):
+        budgets += sweep["epsilons"]
+    return sorted({eps_label(e): float(e) for e in budgets}.values())
+
+
+def _check_mix(config):
+    mix = config["mix"]
+    if not mix["targets"]:
+        return
+    for method in mix["methods"]:
+        if method not in config["methods"] or not METHODS[method].private or METHODS[method].head_only:
+            raise ConfigError(f"mix.methods: {method!r} must be one of the configured private methods that release "
+                              f"a task vector ({', '.join(config['methods'])})")
+    name = mix["operator"]
+    if name not in config["merge"]:
+        raise ConfigError(f"mix.operator: {name!r} is not among the configured merges ({', '.join(config['merge'])})")
+    operator = OPERATORS[merge_operator(config, name)]
+    if operator.personalized or operator.statistic or config["merge"][name].get("vectors", "task") != "task":
+        raise ConfigError(f"mix.operator: {name!r} needs data statistics, gives one model per task or merges "
+                          "difference vectors; mixtures are merged data-free into one model")
+    for backbone in config["backbones"]:
+        for method in mix["methods"]:
+            budgets = released_budgets(config, backbone, method)
+            for target in mix["targets"]:
+                components = [b for b in budgets if eps_label(b) != eps_label(target)]
+                if not components or min(components) >= target:
+                    raise ConfigError(f"mix.targets: {target} on {backbone} needs a release of {method} at a smaller "
+                                      f"budget; it is released at {budgets} (epsilons and sweeps.epsilon.epsilons)")

@@ -528,7 +528,7 @@ def all_targets():
         targets += [prefix + ext for ext in TABLE_EXTENSIONS]
     for prefix in all_figures():
         targets += [prefix + ext for ext in FIGURE_EXTENSIONS]
-    return targets + audit_targets()  # workflow/rules/audit.smk
+    return targets + audit_targets() + mix_targets()  # workflow/rules/audit_common.smk, mix.smk
 
 
 def operator_params(wildcards):
