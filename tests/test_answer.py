@@ -96,3 +96,18 @@ def test_the_page_sums_up_the_audits_table_with_its_largest_bounds_and_failures(
     assert "largest non-private bound 1.90 (black-box individual, minilm, " in line
     summary.loc[0, "verdict"] = "FAIL"
     assert "1 with a bound above its claim (FAIL)" in audit_line(summary)
+
+
+def test_dpsats_columns_join_the_page_only_where_its_runs_are_in_table_1(tmp_path):
+    ledger = tmp_path / "ledger_check.json"
+    ledger.write_text('{"verdict": "PASS", "problems": []}')
+    base = {"naive_dp": {"ties": [0, 0, 0]}, "dp_merging": {"ties": [4, 5, 6]}}
+    for name, methods in (("without", base), ("with", {**base, "dp_sat_anchor": {"ties": [1, 2, 3]}})):
+        write_table(table1(scores(methods)), tmp_path / name, "caption")
+        write_answer(tables={"toy": str(tmp_path / f"{name}.parquet")}, ledger=str(ledger),
+                     out_markdown=str(tmp_path / f"{name}.md"), out_rst=str(tmp_path / f"{name}.rst"), links=[])
+    assert "DPSAT" not in (tmp_path / "without.md").read_text()
+    page = (tmp_path / "with.md").read_text()
+    assert "| DPSAT + anchor − DP (one query) | Non-private + operator |" in page
+    assert "| toy | TIES |  | 50.0 | +5.0 [+2.5, +7.5]* |  |  | +2.0 [-0.5, +4.5] |  |" in page
+    assert "DPSAT − DP (one query)" not in page  # dp_sat itself did not run

@@ -16,8 +16,24 @@ from dpmerge.report.tables import INTERVAL_NOTE, PRETRAINED_ROW, signed_cell
 
 COMPARED = (("dp_merging", "DP-Merging − DP"), ("dp_sam", "w/o alignment − DP (DP-SAM, no anchor)"),
             ("dp_anchor", "w/o flatness − DP (anchor, no SAM)"))
-HEADER = ["Backbone", "Operator", "Pretrained", "DP + operator", *[label for _, label in COMPARED],
-          "Non-private + operator"]
+# DPSAT's columns appear when its runs are in Table 1 (they are not in every study)
+ONE_QUERY = (("dp_sat", "DPSAT − DP (one query)"), ("dp_sat_anchor", "DPSAT + anchor − DP (one query)"))
+
+
+def compared_methods(tables: dict[str, pd.DataFrame]) -> tuple[tuple[str, str], ...]:
+    """The methods set against DP on the page: the paper's three, then DPSAT's where any table holds its rows."""
+    present = [(method, label) for method, label in ONE_QUERY
+               if any(table["row"].astype(str).str.startswith(f"{METHOD_LABELS[method]} + ").any()
+                      for table in tables.values())]
+    return COMPARED + tuple(present)
+
+
+def header(compared) -> list[str]:
+    return ["Backbone", "Operator", "Pretrained", "DP + operator", *[label for _, label in compared],
+            "Non-private + operator"]
+
+
+HEADER = header(COMPARED)
 
 
 def _row(table: pd.DataFrame, label: str) -> pd.Series | None:
@@ -60,8 +76,9 @@ def ledger_verdict(check_path: str | Path) -> str:
     return verdict
 
 
-def answer_rows(tables: dict[str, pd.DataFrame]) -> tuple[list[list[str]], list[str], set[int]]:
-    """Table rows, one summary line per setting, and the seed counts behind the cells."""
+def answer_rows(tables: dict[str, pd.DataFrame], compared=COMPARED) -> tuple[list[list[str]], list[str], set[int]]:
+    """Table rows (one cell per `compared` method), one summary line per setting, and the seed counts behind the
+    cells."""
     rows, summary, seeds = [], [], set()
     for setting, table in tables.items():
         better = worse = total = positive = intervals = 0
@@ -69,7 +86,7 @@ def answer_rows(tables: dict[str, pd.DataFrame]) -> tuple[list[list[str]], list[
             cells = [setting, operator, _score(_row(table, PRETRAINED_ROW))]
             dp = _row(table, f"{METHOD_LABELS['naive_dp']} + {operator}")
             cells.append(_score(dp))
-            for method, _ in COMPARED:
+            for method, _ in compared:
                 row = _row(table, f"{METHOD_LABELS[method]} + {operator}")
                 text, low, high = _gain(row)
                 cells.append(text)
@@ -109,14 +126,14 @@ def _against_pretrained(setting: str, table: pd.DataFrame) -> str | None:
             f"({pretrained[AVERAGE]:.1f}); the best is {best['row']} at {best[AVERAGE]:.1f}.")
 
 
-def _markdown_table(rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join([":---"] * 2 + ["---:"] * (len(HEADER) - 2)) + "|"]
+def _markdown_table(rows: list[list[str]], names: list[str] = HEADER) -> list[str]:
+    lines = ["| " + " | ".join(names) + " |", "|" + "|".join([":---"] * 2 + ["---:"] * (len(names) - 2)) + "|"]
     return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
 
 
-def _rst_table(rows: list[list[str]]) -> list[str]:
+def _rst_table(rows: list[list[str]], names: list[str] = HEADER) -> list[str]:
     lines = [".. list-table::", "   :header-rows: 1", ""]
-    for cells in [HEADER, *rows]:
+    for cells in [names, *rows]:
         lines.append("   * - " + (cells[0] or " "))
         lines += [f"     - {cell or ' '}" for cell in cells[1:]]
     return lines
@@ -150,7 +167,9 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
     from dpmerge.artifacts import atomic_write
 
     frames = {setting: pd.read_parquet(path) for setting, path in tables.items()}
-    rows, summary, seeds = answer_rows(frames)
+    compared = compared_methods(frames)
+    rows, summary, seeds = answer_rows(frames, compared)
+    names = header(compared)
     verdict = ledger_verdict(ledger)
     counts = ", ".join(str(n) for n in sorted(seeds)) or "?"
     title = "Does DP-Merging merge better than naive DP?"
@@ -160,9 +179,9 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
              "Each difference is paired by seed (the same seed index, tasks and operator). " + INTERVAL_NOTE)
     ledger_line = f"Privacy ledger (every release's record, recomputed and checked independently): {verdict}."
     audits = [audit_line(pd.read_parquet(audit_table)), ""] if audit_table else []
-    markdown = [f"# {title}", "", intro, "", *_markdown_table(rows), "", *[f"- {s}" for s in summary], "",
+    markdown = [f"# {title}", "", intro, "", *_markdown_table(rows, names), "", *[f"- {s}" for s in summary], "",
                 ledger_line, "", *audits, "Files: " + ", ".join(f"`{link}`" for link in links), ""]
-    rst = [title, "=" * len(title), "", intro, "", *_rst_table(rows), "", *[f"- {s}" for s in summary], "",
+    rst = [title, "=" * len(title), "", intro, "", *_rst_table(rows, names), "", *[f"- {s}" for s in summary], "",
            f"**{ledger_line}**", "", *audits,
            "Table 1 and the ablation (Table 5) with every task are under **Tables**, the diagnostics "
            "under **Figures**, the ledger under **Privacy**. Files: "
