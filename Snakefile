@@ -39,6 +39,7 @@ report: os.path.abspath(ANSWER_RST) if os.path.exists(ANSWER_RST) else "workflow
 
 
 include: "workflow/rules/audit_common.smk"
+include: "workflow/rules/mix_common.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/audit.smk"
 include: "workflow/rules/merge.smk"

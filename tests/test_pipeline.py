@@ -423,9 +423,10 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
          "sweeps.epsilon.operators: 'dare' is not among the configured merges"),
         (lambda c: c["sweeps"]["rho"].update(backbones=["vit"]), "sweeps.rho.backbones: unknown backbone 'vit'"),
         (lambda c: c["sweeps"]["rho"].update(epsilon=2), "sweeps.rho.epsilon: 2 is not one of epsilons [4]"),
-        (lambda c: c["sweeps"]["rho"].update(method="naive_dp"), "'naive_dp' is not one of ['dp_merging', 'dp_sam']"),
+        (lambda c: c["sweeps"]["rho"].update(method="naive_dp"),
+         "'naive_dp' is not one of ['dp_merging', 'dp_sam', 'dp_sat', 'dp_sat_anchor']"),
         (lambda c: c["sweeps"]["epsilon"].update(methods=["nonprivate"]),
-         "'nonprivate' is not one of ['naive_dp', 'dp_merging', 'dp_sam', 'dp_anchor']"),
+         "'nonprivate' is not one of ['naive_dp', 'dp_merging', 'dp_sam', 'dp_anchor', 'dp_sat', 'dp_sat_anchor']"),
         (lambda c: c["diagnostics"]["landscape"].update(operator="dts_difference"),
          "diagnostics.landscape.operator: 'dts_difference' gives one model per task"),
         # merge hyperparameters' ranges and kinds, as every merge checks them, but before any fine-tune

@@ -1,56 +1,6 @@
-# Releases at target epsilons without training (config mix:, dpmerge mix): per task, one of a method's releases
-# at the other budgets, drawn with probabilities that meet the target; the mixed task vectors merged and scored
-# beside the releases trained at those budgets. The mixtures are alternatives to the trained releases, not more
-# releases: the ledger composes what the study releases, and each mixture's epsilon is recomputed by the table.
-
-from dpmerge.config_check import released_budgets
-
-MIX = config["mix"]
-MIX_TV = result("mixtures/taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
-MIX_HEAD = result("mixtures/heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
-MIX_MERGED = result("mixtures/merged/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors")
-MIX_SCORES = result("mixtures/scores/{backbone}/{eps}/{method}/{seed}/{operator}.parquet")
-MIX_TABLE = result("tables/mixing")
-FIGURE_MIX = result("figures/mixing")
-
-
-def mix_groups():
-    """(backbone, eps, method, seed) of every mixed release group: each target, method and seed."""
-    return [
-        dict(backbone=b, eps=eps_label(t), method=m, seed=s)
-        for b in config["backbones"]
-        for m in MIX["methods"]
-        for t in MIX["targets"]
-        for s in SEEDS
-    ]
-
-
-def mix_component_labels(wildcards):
-    """The budgets a mixture selects among: every budget the method is released at on the backbone but the target."""
-    return [
-        eps_label(e)
-        for e in released_budgets(config, wildcards.backbone, wildcards.method)
-        if eps_label(e) != wildcards.eps
-    ]
-
-
-def mix_components(pattern):
-    def inputs(wildcards):
-        return [pattern.format(**dict(wildcards, eps=e)) for e in mix_component_labels(wildcards)]
-
-    return inputs
-
-
-def mix_trained_scores():
-    """The trained releases' merged scores the table compares with: every released budget of each mixed method."""
-    groups = [g for g in release_grid() + epsilon_sweep_grid() if g["method"] in MIX["methods"]]
-    return [SCORES_MERGED.format(operator=MIX["operator"], **g) for g in groups]
-
-
-def mix_targets():
-    if not MIX["targets"]:
-        return []
-    return [MIX_TABLE + ext for ext in (".parquet", ".md", ".tex")] + [FIGURE_MIX + ext for ext in FIGURE_EXTENSIONS]
+# Releases at target epsilons without training (paths and inputs in workflow/rules/mix_common.smk): per task,
+# one of a method's releases at the other budgets, drawn with probabilities that meet the target; the mixed
+# task vectors merged and scored beside the releases trained at those budgets.
 
 
 rule mix:
