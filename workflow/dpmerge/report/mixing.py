@@ -130,7 +130,10 @@ def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str]) -> N
                 else:
                     ax.scatter(means.index, means.values, marker=marker, s=70, facecolors="none", edgecolors=grey,
                                linewidths=1.5, label=f"{label}, mixed to epsilon", zorder=3)
+        budgets = sorted(set(trained_avg["target_epsilon"]) | set(mixed_avg["target_epsilon"]))
         ax.set_xscale("log")
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])  # the budgets themselves, not powers of ten
+        ax.minorticks_off()
         ax.set(xlabel="epsilon (log scale)", ylabel="merged score, mean over tasks (0-100)", title=backbone)
         ax.legend(fontsize=7)
     fig.tight_layout()
