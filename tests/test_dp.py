@@ -239,10 +239,11 @@ class Killed(Exception):
     pass
 
 
-@pytest.mark.parametrize("rng", ["keyed", "secure"])
-def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone, toy_data, tmp_path, rng):
+# dp_sat_anchor: DPSAT's ascent at step t needs step t-1's gradient, so its checkpoint must keep it
+@pytest.mark.parametrize("method,rng", [("dp_merging", "keyed"), ("dp_merging", "secure"), ("dp_sat_anchor", "keyed")])
+def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone, toy_data, tmp_path, method, rng):
     features, labels = toy_data
-    config = FinetuneConfig(method="dp_merging", target_epsilon=4.0, epochs=2.0, batch_size=8, lr=1e-2,
+    config = FinetuneConfig(method=method, target_epsilon=4.0, epochs=2.0, batch_size=8, lr=1e-2,
                             seed=5, log_every=1, rng=rng)
     reference = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     checkpoint = tmp_path / "run.ckpt"
@@ -255,6 +256,9 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
         finetune(toy_backbone, 3, features, labels, config, **keyed(), log=kill_at_step_8, checkpoint=checkpoint,
                  checkpoint_every=3)
     assert checkpoint.exists() and checkpoint.stat().st_mode & 0o077 == 0  # private: it holds the generators
+    memory = torch.load(checkpoint, weights_only=True)["memory"]
+    if METHODS[method].ascent_from_previous_step:
+        assert len(memory["previous_gradient"]) == len(reference.task_vector) + len(reference.head)
     messages = []
     resumed = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint,
                        checkpoint_every=3)

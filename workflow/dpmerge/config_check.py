@@ -260,12 +260,18 @@ def _check_audit(config):
             if name in ("all", "rest"):
                 raise ConfigError(f"audit.groups.{task}: {name!r} is a reserved group name")
     for name in audit["merge"]:
-        if name not in config["merge"]:
-            raise ConfigError(f"audit.merge: {name!r} is not among the configured merges ({', '.join(config['merge'])})")
-        operator = OPERATORS[merge_operator(config, name)]
-        if operator.personalized or operator.statistic or config["merge"][name].get("vectors", "task") != "task":
-            raise ConfigError(f"audit.merge: {name!r} needs data statistics, gives one model per task or merges "
-                              "difference vectors; an audit merges the kept runs' task vectors into one model")
+        _check_data_free_merge(config, name, "audit.merge", "an audit merges the kept runs' task vectors into one "
+                                                            "model")
+
+
+def _check_data_free_merge(config: dict, name: str, field: str, why: str) -> None:
+    """`name` is a configured merge that reads no data statistics, gives one model and merges task vectors."""
+    if name not in config["merge"]:
+        raise ConfigError(f"{field}: {name!r} is not among the configured merges ({', '.join(config['merge'])})")
+    operator = OPERATORS[merge_operator(config, name)]
+    if operator.personalized or operator.statistic or config["merge"][name].get("vectors", "task") != "task":
+        raise ConfigError(f"{field}: {name!r} needs data statistics, gives one model per task or merges "
+                          f"difference vectors; {why}")
 
 
 def released_budgets(config: dict, backbone: str, method: str) -> list[float]:
@@ -285,13 +291,7 @@ def _check_mix(config):
         if method not in config["methods"] or not METHODS[method].private or METHODS[method].head_only:
             raise ConfigError(f"mix.methods: {method!r} must be one of the configured private methods that release "
                               f"a task vector ({', '.join(config['methods'])})")
-    name = mix["operator"]
-    if name not in config["merge"]:
-        raise ConfigError(f"mix.operator: {name!r} is not among the configured merges ({', '.join(config['merge'])})")
-    operator = OPERATORS[merge_operator(config, name)]
-    if operator.personalized or operator.statistic or config["merge"][name].get("vectors", "task") != "task":
-        raise ConfigError(f"mix.operator: {name!r} needs data statistics, gives one model per task or merges "
-                          "difference vectors; mixtures are merged data-free into one model")
+    _check_data_free_merge(config, mix["operator"], "mix.operator", "mixtures are merged data-free into one model")
     for backbone in config["backbones"]:
         for method in mix["methods"]:
             budgets = released_budgets(config, backbone, method)
