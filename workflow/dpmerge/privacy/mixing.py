@@ -133,11 +133,11 @@ def selection_probabilities(deltas_at_target, utilities, delta: float) -> np.nda
         raise ValueError(f"one delta and one utility per component, got {d.shape} and {u.shape}")
     if not np.all(np.isfinite(u)):
         raise ValueError(f"utilities must be finite numbers, got {u.tolist()}")
-    if d.min() > delta * (1.0 - 1e-9):
-        raise ValueError(f"no selection reaches the target: the cheapest component has delta {d.min():.3g} > "
-                         f"{delta:g} at the target epsilon; add a component trained at a smaller budget")
     # a hair inside the budget: the mixture's delta is recomputed by summing in another order
     budget = delta * (1.0 - 1e-9)
+    if d.min() > budget:
+        raise ValueError(f"no selection reaches the target: the cheapest component has delta {d.min():.3g} > "
+                         f"{delta:g} at the target epsilon; add a component trained at a smaller budget")
     result = linprog(-u, A_ub=d[None, :], b_ub=[budget], A_eq=np.ones((1, len(d))), b_eq=[1.0],
                      bounds=[(0.0, 1.0)] * len(d), method="highs")
     if not result.success:
