@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo full protocol test install dry-run standin clean
+.PHONY: demo full noise protocol test install dry-run standin clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,11 @@ full: install
 	$(BIN)/snakemake --cores $(CORES) --configfile presets/full.yaml --workflow-profile profiles/local
 	$(BIN)/snakemake --cores 1 --configfile presets/full.yaml --workflow-profile profiles/local --report results_full/report.html
 
+# The effective noise scale of mergeability: lr, batch size, weight decay and epsilon swept, in results_noise/.
+noise: install
+	$(BIN)/snakemake --cores $(CORES) --configfile presets/noise_scale.yaml --workflow-profile profiles/local
+	$(BIN)/snakemake --cores 1 --configfile presets/noise_scale.yaml --workflow-profile profiles/local --report results_noise/report.html
+
 # How the default's training budget was chosen: candidates scored on validation splits, nothing merged.
 protocol: install
 	$(BIN)/snakemake --cores $(CORES) --configfile presets/protocol.yaml --workflow-profile profiles/local
@@ -42,4 +47,4 @@ test: install
 	$(BIN)/python -m pytest -q -rs tests
 
 clean:
-	rm -rf results results_full results_protocol results_standin standins .snakemake
+	rm -rf results results_full results_noise results_protocol results_standin standins .snakemake

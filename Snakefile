@@ -40,10 +40,12 @@ report: os.path.abspath(ANSWER_RST) if os.path.exists(ANSWER_RST) else "workflow
 
 include: "workflow/rules/audit_common.smk"
 include: "workflow/rules/mix_common.smk"
+include: "workflow/rules/noise_common.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/audit.smk"
 include: "workflow/rules/merge.smk"
 include: "workflow/rules/mix.smk"
+include: "workflow/rules/noise.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/paper.smk"
 

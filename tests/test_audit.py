@@ -352,6 +352,10 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
         "sweeps": {"epsilon": {"epsilons": [8], "methods": ["naive_dp"]}},
         # a release at epsilon 6 mixed from those at 4 and 8 (tests/test_mix_stage.py has the rest of mixing)
         "mix": {"targets": [6], "methods": ["naive_dp"], "operator": "weight_averaging"},
+        # the effective-noise study (tests/test_noise_scale.py has its pieces): one more release group at 2 x lr,
+        # the configured run and the epsilon sweep's 8
+        "noise_scale": {"methods": ["naive_dp"], "lr_factors": [2], "batch_sizes": [], "weight_decays": [],
+                        "epsilons": [8], "operator": "weight_averaging", "max_examples": 8},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     key = tmp_path / "results" / "private" / "study.key"
@@ -376,8 +380,9 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert (check["verdict"], check["audits"]) == ("PASS", 2 * (2 * 2 + 2 * 2 + 2 * 2))
     ledger_md = (results / "privacy/ledger.md").read_text()
     assert "## Empirical audits" in ledger_md
-    # digits: a release and two audit runs (white- and black-box) at each budget composed
-    assert re.search(r"^\| digits \| effnet \| 2 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
+    # digits: a release and two audit runs (white- and black-box) at each budget, and the lr variant, composed
+    assert re.search(r"^\| digits \| effnet \| 3 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
+    assert "| effnet | naive_dp | 0 | 0 | 0.004 | 8 | 0.01 | 4.0 | 0 | 2 |" in ledger_md, ledger_md
     summary = pd.read_parquet(results / "tables/audit.parquet")
     assert list(summary["target_epsilon"]) == [4.0, 8.0] and (summary["verdict"] == "PASS").all()
     assert summary["claimed_epsilon"].iloc[0] < summary["claimed_epsilon"].iloc[1]
@@ -392,6 +397,15 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     mixed = results / "mixtures/taskvectors/effnet/eps6/naive_dp/s0/digits.safetensors"
     assert read_metadata(mixed)["mixture"]["component_epsilons"] == [4.0, 8.0]
     assert (results / "figures/mixing.png").stat().st_size > 0
+    noise = pd.read_parquet(results / "tables/noise_scale.parquet").set_index("sweep")
+    assert sorted(noise.index) == ["centre", "epsilon", "lr"] and (noise["tasks"] == 2).all()
+    # from what ran (the records): twice the lr, the same sigma; the larger budget, a smaller sigma
+    assert noise.loc["lr", "lr"] == pytest.approx(2 * noise.loc["centre", "lr"])
+    assert noise.loc["lr", "noise_multiplier"] == pytest.approx(noise.loc["centre", "noise_multiplier"])
+    assert noise.loc["lr", "noise_scale_dp"] / noise.loc["centre", "noise_scale_dp"] == pytest.approx(2, rel=1e-3)
+    assert noise.loc["epsilon", "noise_multiplier"] < noise.loc["centre", "noise_multiplier"]
+    assert (noise["noise_scale"] >= noise["noise_scale_dp"]).all() and noise["optimum_noise_scale"].isna().all()
+    assert (results / "figures/noise_scale.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("audit,message", [

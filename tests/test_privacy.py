@@ -166,7 +166,7 @@ def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in
     sweep = ledger(release("a"), release("b"), release("a", rho=0.2), release("b", rho=0.2))
     assert check_ledger(sweep) == []
     report = ledger_report(sweep, [])
-    assert "| b | dp_merging | 0.2 | 0.05 | 4.0 | 0 | 2 |" in report and "composes their budgets" in report
+    assert "| b | dp_merging | 0.2 | 0.05 | -- | -- | -- | 4.0 | 0 | 2 |" in report and "composes their budgets" in report
     assert "add/remove one example, with the dataset size N treated as public" in report
     path, record = release("a")
     twice = ledger((path, record), ("again.safetensors", record))

@@ -13,7 +13,7 @@ import sys
 
 from dpmerge import runtime
 from dpmerge.cli_arguments import build_parser
-from dpmerge.stages import audit, diagnose, evaluate, finetune, ledger, merge, mix, prepare, report
+from dpmerge.stages import audit, diagnose, evaluate, finetune, ledger, merge, mix, noise_scale, prepare, report
 
 
 def _json_arg(text: str, what: str) -> dict:
@@ -132,6 +132,17 @@ def cmd_mix(args) -> None:
 def cmd_mix_report(args) -> None:
     mix.mix_report(mixed=args.mixed, vectors=args.vectors, trained=args.trained, out_prefix=args.out_prefix,
                    figure=args.figure)
+
+
+def cmd_noise_scale(args) -> None:
+    noise_scale.noise_scale(backbone_spec=_spec(args), base=args.base, task_vectors=args.task_vectors,
+                            heads=args.heads, data=args.data, individual=args.individual, merged=args.merged,
+                            interpolation=args.interpolation, label=args.label, sweep=args.sweep, out=args.out,
+                            max_examples=args.max_examples)
+
+
+def cmd_noise_report(args) -> None:
+    noise_scale.noise_report(rows=args.rows, out_prefix=args.out_prefix, figure=args.figure)
 
 
 def cmd_merge(args) -> None:
@@ -274,6 +285,8 @@ COMMANDS = {
     "merge": cmd_merge,
     "mix": cmd_mix,
     "mix-report": cmd_mix_report,
+    "noise-scale": cmd_noise_scale,
+    "noise-report": cmd_noise_report,
     "statistics": cmd_statistics, "evaluate": cmd_evaluate, "drift": cmd_drift, "linearity": cmd_linearity,
     "curvature": cmd_curvature, "interpolate": cmd_interpolate, "landscape": cmd_landscape, "table": cmd_table,
     "plot-sharpness-drift": cmd_plot_sharpness_drift, "plot-gap-bound": cmd_plot_gap_bound,

@@ -233,6 +233,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
+    p = add("noise-scale", "One release group's effective noise scale T = lr x D x sqrt(s_sample^2 + s_dp^2) per "
+                           "task (diagnostics/noise_scale.py: s_dp = sigma C / B from the release's record, s_sample "
+                           "from per-example gradients at the released model on the fixed test subsample, D the "
+                           "growth AdamW's weight decay gives a scale-invariant weight's step), joined with the "
+                           "group's individual and merged scores and loss barriers.")
+    p.add_argument("--backbone-spec", required=True, help="the backbone's spec (JSON, as the pipeline writes it)")
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
+    p.add_argument("--task-vectors", nargs="+", required=True, help="the group's task vectors, one per task")
+    p.add_argument("--heads", nargs="+", required=True, help="their heads, in the same order")
+    p.add_argument("--data", nargs="+", required=True, help="their prepared tasks, in the same order")
+    p.add_argument("--individual", required=True, help="the group's individual scores (.parquet, dpmerge evaluate)")
+    p.add_argument("--merged", required=True, help="the group's merged scores (.parquet, dpmerge evaluate)")
+    p.add_argument("--interpolation", required=True, help="the group's barriers (.parquet, dpmerge interpolate)")
+    p.add_argument("--label", required=True, help="the release group's label, e.g. naive_dp-lr0.02")
+    p.add_argument("--sweep", required=True, choices=["centre", "lr", "batch_size", "weight_decay", "epsilon"],
+                   help="which hyperparameter this group varies from the configured run (centre: none)")
+    p.add_argument("--max-examples", type=int, default=64,
+                   help="test examples of the gradient-variance probe (default 64)")
+    p.add_argument("-o", "--out", required=True, help="rows .parquet, one per task")
+
+    p = add("noise-report", "The effective-noise table (PREFIX.parquet, .md, .tex) and figure: every group's merge "
+                            "success against T, with the best non-private group's T* marked.")
+    p.add_argument("--rows", nargs="+", required=True, help="'dpmerge noise-scale' files")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
+    p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
+
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())
     p = add("merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")

@@ -69,6 +69,7 @@ def check_config(config: dict) -> None:
     _check_tables_and_sweeps(config)
     _check_audit(config)
     _check_mix(config)
+    _check_noise_scale(config)
 
 
 def schema_error(config: dict, error: Exception) -> str:
@@ -281,6 +282,46 @@ def released_budgets(config: dict, backbone: str, method: str) -> list[float]:
     if sweep and method in sweep["methods"] and backbone in (sweep.get("backbones") or config["backbones"]):
         budgets += sweep["epsilons"]
     return sorted({eps_label(e): float(e) for e in budgets}.values())
+
+
+def finetune_settings(config: dict, backbone: str, method: str) -> dict:
+    """A method's fine-tuning settings on a backbone: global < global by_method[method] < the backbone's finetune <
+    the backbone's by_method[method] (the schema has filled in the defaults)."""
+    merged = {}
+    for level in (config["finetune"], config["backbones"][backbone].get("finetune", {})):
+        level = dict(level)
+        by_method = level.pop("by_method", {})
+        merged.update(level)
+        merged.update(by_method.get(method, {}))
+    return merged
+
+
+def _check_noise_scale(config):
+    study = config["noise_scale"]
+    if not study["methods"]:
+        return
+    for method in study["methods"]:
+        if method not in METHODS or METHODS[method].head_only:
+            raise ConfigError(f"noise_scale.methods: {method!r} must be a method that releases a task vector "
+                              f"({', '.join(m for m in METHODS if not METHODS[m].head_only)})")
+    for backbone in study["backbones"]:
+        if backbone not in config["backbones"]:
+            raise ConfigError(f"noise_scale.backbones: {backbone!r} is not one of backbones "
+                              f"({', '.join(config['backbones'])})")
+    if study["seeds"] > len(config["seeds"]):
+        raise ConfigError(f"noise_scale.seeds: {study['seeds']} but the study has {len(config['seeds'])} seed(s)")
+    if 1 in [float(f) for f in study["lr_factors"]]:
+        raise ConfigError("noise_scale.lr_factors: 1 is the configured run, which the study already has; drop it")
+    _check_data_free_merge(config, study["operator"], "noise_scale.operator",
+                           "the study reads one merged model per release group")
+    for backbone in study["backbones"] or config["backbones"]:
+        for method in study["methods"]:
+            lr = float(finetune_settings(config, backbone, method)["lr"])
+            for factor in [1.0, *study["lr_factors"]]:
+                for decay in [finetune_settings(config, backbone, method)["weight_decay"], *study["weight_decays"]]:
+                    if not lr * factor * float(decay) < 1:
+                        raise ConfigError(f"noise_scale: lr {lr * factor:g} x weight decay {decay:g} on {backbone} "
+                                          f"({method}) is not below 1; AdamW would flip the weights' sign each step")
 
 
 def _check_mix(config):

@@ -12,6 +12,7 @@ from dpmerge.catalog import (
     SWEPT_PARAMETERS,
     ablation_table_caption,
     check_config,
+    configured_finetune_settings,
     eps_label,
     epsilon_of_label,
     epsilon_sweep_table_caption,
@@ -150,14 +151,7 @@ DATA_DIR_ARGUMENT = (
 
 
 def finetune_settings(backbone, method):
-    """Global settings < global by_method[method] < backbone's finetune < backbone's by_method[method]."""
-    merged = {}
-    for level in (config["finetune"], config["backbones"][backbone].get("finetune", {})):
-        level = dict(level)
-        by_method = level.pop("by_method", {})
-        merged.update(level)
-        merged.update(by_method.get(method, {}))
-    return merged
+    return configured_finetune_settings(config, backbone, method)
 
 
 def finetune_hparams(wildcards):
@@ -318,7 +312,7 @@ def all_groups():
     ]
     for parameter in SENSITIVITY_LABELS:
         groups += [dict(g, merges=sweep_merges(parameter), curvature=False) for g in sensitivity_grid(parameter)]
-    return groups
+    return groups + noise_extra_groups(groups)  # workflow/rules/noise_common.smk
 
 
 def head_only(method):
@@ -528,7 +522,7 @@ def all_targets():
         targets += [prefix + ext for ext in TABLE_EXTENSIONS]
     for prefix in all_figures():
         targets += [prefix + ext for ext in FIGURE_EXTENSIONS]
-    return targets + audit_targets() + mix_targets()  # workflow/rules/audit_common.smk, mix.smk
+    return targets + audit_targets() + mix_targets() + noise_targets()  # audit_common, mix_common, noise_common
 
 
 def operator_params(wildcards):

@@ -6,7 +6,7 @@ Checks (each can fail, and `tests/test_privacy.py` makes each fail):
   neighbouring relation, accountant) and must agree with what the release claims; and an independent
   implementation (Google's dp_accounting: RDP for RDP-accounted add/remove releases, its PLD accountant for PRV
   ones and for replace-one, which it accounts exactly) must not find more than the claim (+0.3 %);
-- within one release group (backbone, method and its rho / lambda, target epsilon, seed) each task appears once,
+- within one release group (backbone, method and its swept settings, target epsilon, seed) each task appears once,
   so the group's release is (max epsilon, max delta)-DP by parallel composition over disjoint task datasets
   (paper, Thm. C.1);
 - a merge statistic on private data is privatized and composed; one on public data names a dataset declared
@@ -37,8 +37,10 @@ from dpmerge.privacy.accounting import (
 )
 from dpmerge.privacy.randomness import RNG_MODES  # the keyed generators; anything else is replayable
 
-# rho and anchor_lambda tell a sensitivity sweep's runs (Tables 6, 7) apart from the method's default run
-GROUP = ["backbone", "method", "rho", "anchor_lambda", "target_epsilon", "seed"]
+# rho, anchor_lambda, lr, batch_size and weight_decay tell a sweep's runs (Tables 6, 7, the effective-noise study)
+# apart from the method's default run
+SWEPT = ["rho", "anchor_lambda", "lr", "batch_size", "weight_decay"]
+GROUP = ["backbone", "method", *SWEPT, "target_epsilon", "seed"]
 # Composition across releases uses RDP: it composes any mix of the records' mechanisms (each record's own
 # accountant may be PRV, whose bound is tighter for one release but not needed for a sum).
 COMPOSITION_ACCOUNTANT = "rdp"
@@ -104,6 +106,9 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
             elif field == "steps_by_queries":
                 value = json.dumps(value, sort_keys=True)
             row[field] = value
+        settings = meta.get("hyperparameters") or {}
+        for field in ("lr", "batch_size", "weight_decay"):
+            row[field] = float(settings[field]) if field in settings else math.nan
         row["record_complete"] = all(field in meta for field in PRIVACY_FIELDS)
         private = row["record_complete"] and _is_private(meta.get("method"))
         # The accountant's view of the release, from its record alone (the ledger recomputes, never trusts).
@@ -264,16 +269,17 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
              ""]
     lines += ["## Release groups (parallel composition over disjoint task datasets)", ""]
     lines += ["Each group is one experiment's release: its tasks' datasets are disjoint, so the group is (max "
-              "epsilon, max delta)-DP. Groups on the same tasks (other budgets, seeds, methods or rho / lambda) "
+              "epsilon, max delta)-DP. Groups on the same tasks (other budgets, seeds, methods or swept settings) "
               "draw independent randomness; publishing several composes their budgets (next section).", ""]
-    lines += ["| backbone | method | rho | lambda | target eps | seed | tasks | max spent eps | max delta |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| backbone | method | rho | lambda | lr | B | wd | target eps | seed | tasks | max spent eps | "
+              "max delta |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, group in ledger.groupby(GROUP, dropna=False):
         spent = max(epsilon_value(v) for v in group["spent_epsilon"])
         delta = max(float(v) for v in group["delta"])
-        backbone, method, rho, anchor_lambda, target, seed = key
-        lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {target} | {seed} | {len(group)} | "
-                     f"{spent:.4f} | {delta:.3g} |")
+        backbone, method, rho, anchor_lambda, lr, batch_size, weight_decay, target, seed = key
+        settings = " | ".join("--" if math.isnan(v) else f"{v:g}" for v in (lr, batch_size, weight_decay))
+        lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {settings} | {target} | {seed} | "
+                     f"{len(group)} | {spent:.4f} | {delta:.3g} |")
     composition = task_composition(ledger, statistics, audits)
     lines += ["", "## Everything published, composed per task", "",
               "Every private release, private statistic and private audit run of the ledger that read a task's "

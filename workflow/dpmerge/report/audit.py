@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpmerge.artifacts import atomic_write
+from dpmerge.report.small_table import write_small_table
 
 KIND_LABELS = {"white_box": "white-box (Dirac gradients)", "black_box": "black-box (mislabeled examples)"}
 MODELS = ("individual", "merged")
@@ -82,12 +82,8 @@ def _interval(value, low, high) -> str:
 def write_audit_table(summary: pd.DataFrame, prefix: str, caption: str, groups: pd.DataFrame | None = None
                       ) -> list[Path]:
     """<prefix>.parquet (numeric columns), .md (with the groups' bounds, if any) and .tex (booktabs)."""
-    paths = [Path(prefix + ext) for ext in (".parquet", ".md", ".tex")]
-    atomic_write(paths[0], lambda tmp: summary.to_parquet(tmp, index=False))
-    columns = [c for c in HEADERS if c in summary.columns]
-    lines = [caption, "", "| " + " | ".join(HEADERS[c] for c in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_cell(row[c]) for c in columns) + " |" for _, row in summary.iterrows()]
+    headers = {c: HEADERS[c] for c in HEADERS if c in summary.columns}
+    lines = []
     if groups is not None and len(groups):
         lines += ["", "By group of classes (each group's canaries alone: fewer canaries, less power). AUC: how "
                   "often an included canary outscores an excluded one (0.5: no exposure), with its 95 % interval; "
@@ -101,15 +97,8 @@ def write_audit_table(summary: pd.DataFrame, prefix: str, caption: str, groups: 
                   f"| {r.auc:.2f} [{r.auc_low:.2f}, {r.auc_high:.2f}] "
                   f"| {_interval(r.auc_minus_rest, r.auc_minus_rest_low, r.auc_minus_rest_high)} |"
                   for r in groups.itertuples()]
-    atomic_write(paths[1], lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
-    escaped = caption.replace("%", r"\%").replace("_", r"\_")
-    tex = [r"\begin{table}[t]", r"\centering", rf"\caption{{{escaped}}}",
-           r"\begin{tabular}{" + "l" * 2 + "r" * (len(columns) - 2) + "}", r"\toprule",
-           " & ".join(HEADERS[c].replace("_", r"\_") for c in columns) + r" \\", r"\midrule"]
-    tex += [" & ".join(_cell(row[c]).replace("_", r"\_") for c in columns) + r" \\" for _, row in summary.iterrows()]
-    tex += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
-    atomic_write(paths[2], lambda tmp: Path(tmp).write_text("\n".join(tex) + "\n"))
-    return paths
+    return write_small_table(summary, prefix, caption, headers, lambda column, row: _cell(row[column]),
+                             markdown_after=lines)
 
 
 def plot_audit(audits: pd.DataFrame, out: list[str], title: str) -> None:

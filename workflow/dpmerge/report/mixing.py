@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpmerge.artifacts import atomic_write
 from dpmerge.report.labels import METHOD_LABELS
+from dpmerge.report.small_table import write_small_table
 
 COLUMNS = {"backbone": "backbone", "method": "method", "target_epsilon": "target eps",
            "mixture_epsilon": "mixture eps (recomputed)", "components": "budgets mixed",
@@ -84,26 +84,7 @@ def _cell(column: str, row) -> str:
 
 def write_mixing_table(summary: pd.DataFrame, prefix: str, caption: str) -> list[Path]:
     """<prefix>.parquet (numeric columns), .md and .tex (booktabs)."""
-    paths = [Path(prefix + ext) for ext in (".parquet", ".md", ".tex")]
-    atomic_write(paths[0], lambda tmp: summary.to_parquet(tmp, index=False))
-    columns = list(COLUMNS)
-    lines = [caption, "", "| " + " | ".join(COLUMNS.values()) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_cell(c, row) for c in columns) + " |" for _, row in summary.iterrows()]
-    atomic_write(paths[1], lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
-    escape = {"%": r"\%", "_": r"\_", "−": "$-$"}
-
-    def tex(text: str) -> str:
-        for char, escaped in escape.items():
-            text = text.replace(char, escaped)
-        return text
-
-    body = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex(caption)}}}",
-            r"\begin{tabular}{" + "l" * 2 + "r" * (len(columns) - 2) + "}", r"\toprule",
-            " & ".join(tex(h) for h in COLUMNS.values()) + r" \\", r"\midrule"]
-    body += [" & ".join(tex(_cell(c, row)) for c in columns) + r" \\" for _, row in summary.iterrows()]
-    body += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
-    atomic_write(paths[2], lambda tmp: Path(tmp).write_text("\n".join(body) + "\n"))
-    return paths
+    return write_small_table(summary, prefix, caption, COLUMNS, _cell)
 
 
 def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str]) -> None:

@@ -42,9 +42,12 @@ METHODS: dict[str, Method] = {
 }
 
 
-# A sensitivity sweep (paper Tables 6, 7) fine-tunes a method again at another value of one hyperparameter; its
-# release groups are labelled "<method>-<short name><value>", e.g. dp_merging-rho0.1 or dp_merging-lambda0.5.
-SWEPT_PARAMETERS: dict[str, str] = {"rho": "rho", "anchor_lambda": "lambda"}
+# A sweep fine-tunes a method again at another value of one hyperparameter (paper Tables 6, 7: rho, lambda; the
+# effective-noise study: lr, expected batch size, weight decay); its release groups are labelled
+# "<method>-<short name><value>", e.g. dp_merging-rho0.1, naive_dp-lr0.02, nonprivate-B16. No short name is a
+# prefix of another.
+SWEPT_PARAMETERS: dict[str, str] = {"rho": "rho", "anchor_lambda": "lambda", "lr": "lr", "batch_size": "B",
+                                    "weight_decay": "wd"}
 
 
 def sweep_label(method: str, parameter: str, value: float) -> str:

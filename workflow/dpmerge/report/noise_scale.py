@@ -1,0 +1,150 @@
+"""The effective-noise table and figure: merge success of every release group against its effective noise scale T
+(diagnostics/noise_scale.py), non-private and private, as learning rate, batch size, weight decay and the budget
+move it.
+
+The protocol was fixed before any run was read: success is the merged model's score divided by each task model's
+own, averaged over tasks (normalized merged accuracy, under the study's noise_scale.operator), and the loss
+barrier from each task model to the weight average (the interpolation diagnostic); a group's T is the geometric
+mean over its tasks; the optimum is the non-private group of highest normalized merged accuracy on the backbone,
+and every group's distance to it is log10(T / T*). With one seed per group, points within a few normalized
+points of each other are not told apart.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dpmerge.report.labels import METHOD_LABELS
+from dpmerge.report.small_table import write_small_table
+
+GROUP = ["backbone", "method", "label", "sweep", "target_epsilon", "seed"]
+SWEEP_NAMES = {"centre": "configured", "lr": "learning rate", "batch_size": "batch size",
+               "weight_decay": "weight decay", "epsilon": "epsilon"}
+HEADERS = {"backbone": "backbone", "method": "method", "sweep": "varied", "setting": "setting",
+           "target_epsilon": "eps", "noise_multiplier": "sigma", "noise_scale": "T",
+           "dp_variance_share": "DP share of noise variance", "log10_from_optimum": "log10 T/T*",
+           "normalized_merged": "normalized merged (%)", "merged_score": "merged", "individual_score": "individual",
+           "barrier": "barrier"}
+
+
+def _geometric_mean(values: pd.Series) -> float:
+    values = values.astype(float)
+    return float(np.exp(np.log(values).mean())) if (values > 0).all() else math.nan
+
+
+def group_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per release group from the per-task rows of stages/noise_scale.py, with log10(T / T*) against the
+    backbone's best non-private group (NaN where no non-private group ran)."""
+    records = []
+    for key, group in rows.groupby(GROUP, sort=True):
+        record = dict(zip(GROUP, key))
+        record.update({name: float(group[name].iloc[0]) for name in ("lr", "batch_size", "weight_decay")})
+        record.update({"steps": int(group["steps"].max()), "noise_multiplier": float(group["noise_multiplier"].mean()),
+                       "tasks": int(len(group))})
+        for name in ("noise_scale", "noise_scale_dp", "noise_scale_sampling", "effective_lr", "s_dp", "s_sample"):
+            # arithmetic where some are 0 (no DP noise in a non-private run): a geometric mean would be NaN
+            record[name] = _geometric_mean(group[name]) if (group[name] > 0).all() else float(group[name].mean())
+        for name in ("dp_variance_share", "decay_factor", "individual_score", "merged_score", "barrier"):
+            record[name] = float(group[name].mean())
+        record["normalized_merged"] = 100.0 * float(group["normalized_merged"].mean())
+        records.append(record)
+    summary = pd.DataFrame(records)
+    summary["optimum_noise_scale"] = math.nan
+    for backbone, group in summary.groupby("backbone"):
+        reference = group[group["method"] == "nonprivate"]
+        if len(reference):
+            best = reference.loc[reference["normalized_merged"].idxmax(), "noise_scale"]
+            summary.loc[summary["backbone"] == backbone, "optimum_noise_scale"] = best
+    summary["log10_from_optimum"] = np.log10(summary["noise_scale"] / summary["optimum_noise_scale"])
+    return summary.sort_values(["backbone", "noise_scale"], ignore_index=True)
+
+
+def setting_text(row) -> str:
+    """What the group changed: the swept hyperparameter's value (the configured run says so)."""
+    sweep = row["sweep"]
+    if sweep == "centre":
+        return "as configured"
+    if sweep == "epsilon":
+        return f"eps {row['target_epsilon']:g}"
+    short = {"lr": "lr", "batch_size": "B", "weight_decay": "wd"}[sweep]
+    return f"{short} {row[sweep]:g}"
+
+
+def _cell(column: str, row) -> str:
+    if column == "setting":
+        return setting_text(row)
+    value = row[column]
+    if column == "method":
+        return METHOD_LABELS.get(value, value)
+    if column == "sweep":
+        return SWEEP_NAMES.get(value, value)
+    if isinstance(value, str):
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "--"
+    if column == "target_epsilon":
+        return "inf" if math.isinf(value) else f"{value:g}"
+    if column in ("noise_scale",):
+        return f"{value:.2e}"
+    if column in ("noise_multiplier", "dp_variance_share", "barrier"):
+        return f"{value:.3f}"
+    if column == "log10_from_optimum":
+        return f"{value:+.2f}"
+    return f"{value:.1f}"
+
+
+def write_noise_table(summary: pd.DataFrame, prefix: str) -> None:
+    caption = ("Effective noise scale T = lr x D x sqrt(s_sample^2 + s_dp^2) of each release group (geometric mean "
+               "over tasks; s_dp = sigma C / B is DP's injected noise, D AdamW's decay growth) beside its merge "
+               "success: normalized merged accuracy (merged / own model, mean over tasks) and the loss barrier to "
+               "the weight average; T* is the backbone's best non-private group.")
+    write_small_table(summary, prefix, caption, HEADERS, _cell, text_columns=4)
+
+
+def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
+    """Per backbone: normalized merged accuracy (top) and barrier (bottom) against T, log scale; one colour per
+    method, one marker per varied hyperparameter, each sweep's points joined through the configured run."""
+    from dpmerge.report.figures import _pyplot, _save_all
+
+    plt = _pyplot()
+    backbones = sorted(set(summary["backbone"]))
+    fig, axes = plt.subplots(2, len(backbones), figsize=(5.2 * len(backbones), 7.2), squeeze=False, sharex="col")
+    colours = {"nonprivate": "tab:blue", "naive_dp": "tab:red", "dp_merging": "tab:green"}
+    markers = {"centre": "o", "lr": "s", "batch_size": "^", "weight_decay": "D", "epsilon": "*"}
+    others = iter(["tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"])
+    for column, backbone in enumerate(backbones):
+        chosen = summary[summary["backbone"] == backbone]
+        for method in sorted(set(chosen["method"])):
+            colour = colours.get(method) or colours.setdefault(method, next(others, "0.4"))
+            mine = chosen[chosen["method"] == method]
+            centre = mine[mine["sweep"] == "centre"]
+            for sweep in markers:
+                points = mine[mine["sweep"] == sweep]
+                if sweep != "centre" and len(points):
+                    points = pd.concat([points, centre]).sort_values("noise_scale")
+                for row_index, measure in enumerate(("normalized_merged", "barrier")):
+                    ax = axes[row_index][column]
+                    if not len(points):
+                        continue
+                    ax.plot(points["noise_scale"], points[measure], color=colour, alpha=0.35, linewidth=1)
+                    ax.scatter(points["noise_scale"], points[measure], color=colour, marker=markers[sweep], s=36,
+                               zorder=3, label=(f"{METHOD_LABELS.get(method, method)}: {SWEEP_NAMES[sweep]}"
+                                                if row_index == 0 else None))
+        optimum = chosen["optimum_noise_scale"].dropna()
+        for row_index, ylabel in enumerate(("normalized merged accuracy (%)", "loss barrier to the weight average")):
+            ax = axes[row_index][column]
+            if len(optimum):
+                ax.axvline(float(optimum.iloc[0]), color="0.5", linestyle=":", linewidth=1)
+            ax.set_xscale("log")
+            ax.set(ylabel=ylabel)
+            if row_index == 0:
+                ax.set_title(f"{backbone} (dotted: best non-private T*)")
+            else:
+                ax.set_xlabel("effective noise scale T (log scale)")
+        axes[0][column].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    _save_all(fig, out)
+    plt.close(fig)
