@@ -402,7 +402,7 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     # from what ran (the records): twice the lr, the same sigma; the larger budget, a smaller sigma
     assert noise.loc["lr", "lr"] == pytest.approx(2 * noise.loc["centre", "lr"])
     assert noise.loc["lr", "noise_multiplier"] == pytest.approx(noise.loc["centre", "noise_multiplier"])
-    assert noise.loc["lr", "noise_scale_dp"] / noise.loc["centre", "noise_scale_dp"] == pytest.approx(2, rel=1e-3)
+    assert noise.loc["lr", "noise_scale_dp"] / noise.loc["centre", "noise_scale_dp"] == pytest.approx(2, rel=1e-2)
     assert noise.loc["epsilon", "noise_multiplier"] < noise.loc["centre", "noise_multiplier"]
     assert (noise["noise_scale"] >= noise["noise_scale_dp"]).all() and noise["optimum_noise_scale"].isna().all()
     assert (results / "figures/noise_scale.png").stat().st_size > 0

@@ -15,6 +15,7 @@ from dpmerge.diagnostics.noise_scale import (
     decay_factor,
     dp_noise_std,
     effective_noise,
+    mean_gradient_square,
     per_example_gradient_moments,
     sampling_noise,
     sampling_noise_bound,
@@ -70,6 +71,8 @@ def test_the_sampling_piece_is_the_spread_of_poisson_batches_of_clipped_gradient
                                                              labels[i:i + 1], clip)) for i in range(len(labels))])
     assert second_moment == pytest.approx(float(per_example.pow(2).mean()), rel=1e-5)
     assert variance == pytest.approx(float(per_example.var(dim=0).mean()), rel=1e-5)
+    assert mean_gradient_square(second_moment, variance, len(labels)) == pytest.approx(
+        float(per_example.mean(dim=0).pow(2).mean()), rel=1e-4)
     generator = torch.Generator().manual_seed(11)
     included = (torch.rand(20000, len(labels), generator=generator) < rate).double()
     sums = included @ per_example.double() / batch
@@ -104,7 +107,12 @@ def test_effective_noise_combines_the_pieces_and_scales_with_lr_and_batch():
     pieces = effective_noise(**base)
     assert pieces["s_dp"] == pytest.approx(0.2 / 64)
     assert pieces["noise_scale"] == pytest.approx(1e-3 * math.hypot(pieces["s_dp"], pieces["s_sample"]))
-    assert pieces["noise_scale_dp"] / pieces["noise_scale"] == pytest.approx(math.sqrt(pieces["dp_variance_share"]))
+    assert pieces["noise_scale_dp"] + pieces["noise_scale_sampling"] == pytest.approx(pieces["noise_scale"])
+    assert pieces["noise_scale_dp"] / pieces["noise_scale"] == pytest.approx(pieces["dp_variance_share"])
+    # a signal as large as the noise: Adam divides by sqrt(2) s, so T = lr s^2 / (sqrt(2) s)
+    signal = effective_noise(**base, mean_square=pieces["noise_std"] ** 2)
+    assert signal["noise_scale"] == pytest.approx(pieces["noise_scale"] / math.sqrt(2))
+    assert signal["noise_share_of_rms"] == pytest.approx(1 / math.sqrt(2)) and pieces["noise_share_of_rms"] == 1
     assert effective_noise(**{**base, "lr": 4e-3})["noise_scale"] == pytest.approx(4 * pieces["noise_scale"])
     # without privacy only the sampling noise is left, and Adam's T follows sqrt(1/B) (square-root scaling)
     plain = effective_noise(**{**base, "noise_multiplier": 0.0, "clip_norm": None})
@@ -120,6 +128,7 @@ def _rows(backbone, method, label, sweep, eps, noise_scales, normalized, barrier
              "seed": 0, "task": f"t{i}", "lr": 1e-3, "batch_size": 64.0, "weight_decay": 0.01, "steps": 10,
              "noise_multiplier": 0.0 if math.isinf(eps) else 1.0, "noise_scale": t,
              "noise_scale_dp": 0.0 if math.isinf(eps) else t, "noise_scale_sampling": t, "effective_lr": 1e-3,
+             "noise_share_of_rms": 1.0,
              "s_dp": 0.0 if math.isinf(eps) else 1.0, "s_sample": 1.0, "dp_variance_share": 0.5, "decay_factor": 1.0,
              "individual_score": 80.0, "merged_score": 80.0 * n, "normalized_merged": n, "barrier": barrier}
             for i, (t, n) in enumerate(zip(noise_scales, normalized))]

@@ -5,7 +5,10 @@ finds merging success a non-monotonic function of one effective noise scale that
 weight decay and augmentation all move. Its definition is for non-private SGD-style training; ours extends it to
 DP-AdamW, the optimizer every run here uses, and is stated in full so that a reader can disagree with a piece:
 
-    T = eta * D(eta, lambda, K) * s,     s^2 = s_sample^2 + s_dp^2
+    T = eta * D(eta, lambda, K) * s^2 / sqrt(g^2 + s^2),     s^2 = s_sample^2 + s_dp^2
+
+which is eta * D * s where noise dominates the gradient (every private run here), and splits additively into
+T_dp = eta D s_dp^2 / sqrt(g^2 + s^2) and T_sampling = eta D s_sample^2 / sqrt(g^2 + s^2).
 
 - s_dp = sigma * C / B: the per-coordinate standard deviation of the Gaussian noise in the gradient handed to the
   optimizer (Eq. 4: (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B, with sigma the per-query noise multiplier
@@ -17,19 +20,21 @@ DP-AdamW, the optimizer every run here uses, and is stated in full so that a rea
   Measured at the released model on the task's fixed test subsample (the examples every diagnostic reads, never
   training data), so it is no statistic of a private training set; for private runs it is also bounded without
   data: m <= C^2 / d.
-- eta * s: Adam divides each coordinate by its gradient's root mean square, which noise dominates during
-  fine-tuning, so a step moves each coordinate by about eta whatever the noise. On a quadratic of curvature h the
-  iterates then spread with variance eta * s / (2 h), i.e. like Langevin dynamics at temperature eta * s / 2.
-  For SGD the same argument gives eta * s^2 (Smith & Le's eta / B); for Adam the noise enters through its
-  standard deviation, hence the square-root batch-size scaling rule of Malladi et al. (NeurIPS 2022).
-  T is in units of the loss.
+- g^2: the squared mean gradient per coordinate (the signal), from the same probe.
+- Why this form: Adam divides each coordinate by its gradient's root mean square sqrt(g^2 + s^2), so a step
+  is eta (g + xi) / sqrt(g^2 + s^2) with xi the noise: SGD with learning rate eta / sqrt(g^2 + s^2) and noise of
+  variance s^2. On a quadratic of curvature h its iterates spread with variance T / h, Langevin dynamics at
+  temperature T = eta s^2 / (2 sqrt(g^2 + s^2)) (the 2 dropped). Where noise dominates this is eta s: Adam's
+  noise enters through its standard deviation, hence the square-root batch-size scaling rule of Malladi et al.
+  (NeurIPS 2022), where SGD's eta s^2 gives Smith & Le's eta / B. T is in units of the loss.
 - D = mean over steps k < K of (1 - eta * lambda)^-k: AdamW's decoupled decay shrinks the weights by
   (1 - eta * lambda) per step, and the angular step of a scale-invariant weight (one before a normalization)
   grows as the weight shrinks; D is that growth averaged over the run (1 without decay).
 
-The same lr moves T linearly, B through both sigma (the accountant's calibration) and 1 / B, the budget through
-sigma, the decay through D. The sampling term depends on the data; the other pieces come from the run's record
-(what ran, not the configuration).
+The lr moves T linearly, B through both sigma (the accountant's calibration) and 1 / B, the budget through
+sigma, the decay through D. The sampling and signal terms depend on the data (the test subsample); the other
+pieces come from the run's record (what ran, not the configuration). Averaging s^2 and g^2 over coordinates before
+the ratio is our simplification of Adam's per-coordinate normalization.
 """
 
 from __future__ import annotations
@@ -103,16 +108,26 @@ def per_example_gradient_moments(model: torch.nn.Module, params: list[torch.Tens
     return raw / count / dimension, max(centred, 0.0) / (count - 1) / dimension
 
 
+def mean_gradient_square(second_moment: float, variance: float, count: int) -> float:
+    """g^2 per coordinate from per_example_gradient_moments over `count` examples: m - v (n - 1) / n, at least 0."""
+    return max(float(second_moment) - float(variance) * (count - 1) / count, 0.0)
+
+
 def effective_noise(*, lr: float, weight_decay: float, steps: int, batch_size: float, sample_rate: float,
-                    noise_multiplier: float, clip_norm: float | None, second_moment: float) -> dict:
-    """Every piece of T for one run (names as in the module's docstring)."""
+                    noise_multiplier: float, clip_norm: float | None, second_moment: float,
+                    mean_square: float = 0.0) -> dict:
+    """Every piece of T for one run (names as in the module's docstring); `mean_square` is g^2."""
     s_dp = dp_noise_std(noise_multiplier, clip_norm, batch_size)
     s_sample = sampling_noise(second_moment, batch_size, sample_rate)
     decay = decay_factor(lr, weight_decay, steps)
-    total = math.sqrt(s_sample**2 + s_dp**2)
-    scale = float(lr) * decay
-    return {"s_dp": s_dp, "s_sample": s_sample, "noise_std": total, "decay_factor": decay,
-            "effective_lr": scale, "noise_scale": scale * total, "noise_scale_dp": scale * s_dp,
-            "noise_scale_sampling": scale * s_sample,
+    variance = s_sample**2 + s_dp**2
+    rms = math.sqrt(float(mean_square) + variance)  # what Adam divides by
+    scale = float(lr) * decay / rms if rms > 0 else 0.0
+    return {"s_dp": s_dp, "s_sample": s_sample, "noise_std": math.sqrt(variance),
+            "signal": math.sqrt(float(mean_square)), "decay_factor": decay, "effective_lr": float(lr) * decay,
+            "noise_scale": scale * variance, "noise_scale_dp": scale * s_dp**2,
+            "noise_scale_sampling": scale * s_sample**2,
+            # how far Adam's normalizer is noise (1: the noise-dominated regime, where T = lr D s)
+            "noise_share_of_rms": math.sqrt(variance) / rms if rms > 0 else 0.0,
             # what fraction of the gradient noise's variance DP injected
-            "dp_variance_share": s_dp**2 / total**2 if total > 0 else 0.0}
+            "dp_variance_share": s_dp**2 / variance if variance > 0 else 0.0}

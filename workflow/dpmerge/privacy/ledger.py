@@ -28,6 +28,7 @@ import pandas as pd
 
 from dpmerge.artifacts import PRIVACY_FIELDS, read_metadata
 from dpmerge.epsilon import epsilon_column_value, epsilon_value
+from dpmerge.privacy import rdp
 from dpmerge.privacy.accounting import (
     RDP_ORDERS,
     composed_epsilon,
@@ -47,14 +48,21 @@ COMPOSITION_ACCOUNTANT = "rdp"
 # Spent epsilon recomputed from a record must match the claimed one to this relative tolerance (the accountants
 # are deterministic; the margin only absorbs JSON round-tripping of floats).
 RECOMPUTE_TOLERANCE = 1e-6
-# dp_accounting's RDP drops a few low orders Opacus keeps (+0.05 % measured); its PLD is within 1 % of PRV, and
-# below it, for the budgets here.
+# dp_accounting's RDP at fractional orders is a truncated series that fails at small sigma: at epsilon 16 in 38
+# steps it drops orders 1.1-1.5 and is 1.1 % high at 1.6, where ours matches numerical integration (tests/
+# test_privacy.py). Integer orders have a closed form in both codes, so the two are compared there: the same bound
+# from two codes. Its PLD is within 1 % of PRV, and below it, for the budgets here.
 INDEPENDENT_TOLERANCE = 3e-3
+INTEGER_RDP_ORDERS = [order for order in RDP_ORDERS if float(order).is_integer()]
 
 
-def independent_epsilon(record: dict) -> float:
-    """epsilon of a release by Google's dp_accounting, from its record: the same Poisson-subsampled Gaussian
-    steps, an accountant written by other people."""
+def independent_epsilon(record: dict) -> tuple[float, float]:
+    """(epsilon of a release by Google's dp_accounting from its record, the epsilon it is to be compared with).
+
+    The same Poisson-subsampled Gaussian steps, an accountant written by other people. For an RDP record both
+    are RDP epsilons on the integer orders (exact in both codes): a fault in ours shows, and the claim itself is
+    held to ours over every order by the recomputation. For PRV or replace-one records, dp_accounting's PLD
+    against the claim."""
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
@@ -64,8 +72,9 @@ def independent_epsilon(record: dict) -> float:
     events = [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
         float(record["sample_rate"]), dp_accounting.GaussianDpEvent(sigma / math.sqrt(int(k)))), int(steps))
         for k, steps in record["steps_by_queries"].items() if int(k) > 0 and int(steps) > 0]
-    if record["accountant"] == "rdp" and not replace:
-        accountant = rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS)
+    by_rdp = record["accountant"] == "rdp" and not replace
+    if by_rdp:
+        accountant = rdp_privacy_accountant.RdpAccountant(orders=INTEGER_RDP_ORDERS)
     else:
         relation = dp_accounting.NeighboringRelation.REPLACE_ONE if replace else \
             dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -75,9 +84,12 @@ def independent_epsilon(record: dict) -> float:
     try:
         for event in events:
             accountant.compose(event)
-        return float(accountant.get_epsilon(float(record["delta"])))
+        found = float(accountant.get_epsilon(float(record["delta"])))
     finally:
         logging.getLogger().setLevel(quiet)
+    if not by_rdp:
+        return found, epsilon_value(record["spent_epsilon"])
+    return found, rdp.epsilon(record_mechanisms(record), float(record["delta"]), INTEGER_RDP_ORDERS)
 
 
 def _is_private(method) -> bool:
@@ -119,13 +131,14 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
             row["mechanisms"] = json.dumps(mixture_mechanisms(meta))
             # recomputed from its components by the PLD; no second accountant yet, so the column says so (NaN)
             row["recomputed_epsilon"], row["independent_epsilon"] = mixture_record_epsilon(meta), math.nan
+            row["independent_reference"] = math.nan
         elif private:
             key = json.dumps({field: meta[field] for field in ACCOUNTING_FIELDS}, sort_keys=True)
             if key not in accounted:
-                accounted[key] = (record_epsilon(meta), independent_epsilon(meta))
-            row["recomputed_epsilon"], row["independent_epsilon"] = accounted[key]
+                accounted[key] = (record_epsilon(meta), *independent_epsilon(meta))
+            row["recomputed_epsilon"], row["independent_epsilon"], row["independent_reference"] = accounted[key]
         else:
-            row["recomputed_epsilon"] = row["independent_epsilon"] = math.inf
+            row["recomputed_epsilon"] = row["independent_epsilon"] = row["independent_reference"] = math.inf
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -147,9 +160,12 @@ def check_ledger(ledger: pd.DataFrame) -> list[str]:
         if not math.isclose(row.recomputed_epsilon, spent, rel_tol=RECOMPUTE_TOLERANCE):
             problems.append(f"{row.path}: its record (sigma, q, steps, queries per step, delta) spends epsilon "
                             f"{row.recomputed_epsilon:.6f}, not the {row.spent_epsilon} it claims")
-        if row.independent_epsilon > spent * (1 + INDEPENDENT_TOLERANCE):
+        reference = row.independent_reference if not math.isnan(row.independent_reference) else spent
+        if row.independent_epsilon > reference * (1 + INDEPENDENT_TOLERANCE):
+            against = (f"the {row.spent_epsilon} it claims" if row.accountant != "rdp" else
+                       f"{reference:.6f}, ours on the same RDP orders (it claims {row.spent_epsilon})")
             problems.append(f"{row.path}: an independent accountant (dp_accounting) finds epsilon "
-                            f"{row.independent_epsilon:.6f} for its record, above the {row.spent_epsilon} it claims")
+                            f"{row.independent_epsilon:.6f} for its record, above {against}")
     for key, group in ledger.groupby(GROUP, dropna=False):
         duplicated = group["task"][group["task"].duplicated()].tolist()
         if duplicated:
@@ -249,11 +265,14 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
                  audits: pd.DataFrame | None = None) -> dict:
     """The check's outcome as data (privacy/ledger_check.json): what the answer page and other tools read instead
     of parsing the Markdown report. `independent_gap_percent` is the independent accountant's epsilon relative to
-    each private record's claimed one (min and max, %), None when no record is private."""
+    what it is compared with (min and max, %): each private record's claimed epsilon, or ours on the RDP orders
+    dp_accounting could compute where it dropped some; None when no record is private."""
     private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
     gap = None
     if len(private):
-        relative = (private["independent_epsilon"] / private["spent_epsilon"].map(epsilon_value) - 1) * 100
+        claimed = private["spent_epsilon"].map(epsilon_value)
+        reference = private["independent_reference"].where(private["independent_reference"].notna(), claimed)
+        relative = (private["independent_epsilon"] / reference - 1) * 100
         gap = {"min": float(relative.min()), "max": float(relative.max())}
     return {"verdict": "FAIL" if problems else "PASS", "problems": list(problems), "releases": int(len(ledger)),
             "private_releases": int(len(private)),

@@ -25,9 +25,9 @@ SWEEP_NAMES = {"centre": "configured", "lr": "learning rate", "batch_size": "bat
                "weight_decay": "weight decay", "epsilon": "epsilon"}
 HEADERS = {"backbone": "backbone", "method": "method", "sweep": "varied", "setting": "setting",
            "target_epsilon": "eps", "noise_multiplier": "sigma", "noise_scale": "T",
-           "dp_variance_share": "DP share of noise variance", "log10_from_optimum": "log10 T/T*",
-           "normalized_merged": "normalized merged (%)", "merged_score": "merged", "individual_score": "individual",
-           "barrier": "barrier"}
+           "dp_variance_share": "DP share of noise variance", "noise_share_of_rms": "noise share of Adam's RMS",
+           "log10_from_optimum": "log10 T/T*",
+           "normalized_merged": "normalized merged (%)", "merged_score": "merged", "barrier": "barrier"}
 
 
 def _geometric_mean(values: pd.Series) -> float:
@@ -47,7 +47,8 @@ def group_summary(rows: pd.DataFrame) -> pd.DataFrame:
         for name in ("noise_scale", "noise_scale_dp", "noise_scale_sampling", "effective_lr", "s_dp", "s_sample"):
             # arithmetic where some are 0 (no DP noise in a non-private run): a geometric mean would be NaN
             record[name] = _geometric_mean(group[name]) if (group[name] > 0).all() else float(group[name].mean())
-        for name in ("dp_variance_share", "decay_factor", "individual_score", "merged_score", "barrier"):
+        for name in ("dp_variance_share", "noise_share_of_rms", "decay_factor", "individual_score", "merged_score",
+                     "barrier"):
             record[name] = float(group[name].mean())
         record["normalized_merged"] = 100.0 * float(group["normalized_merged"].mean())
         records.append(record)
@@ -89,7 +90,7 @@ def _cell(column: str, row) -> str:
         return "inf" if math.isinf(value) else f"{value:g}"
     if column in ("noise_scale",):
         return f"{value:.2e}"
-    if column in ("noise_multiplier", "dp_variance_share", "barrier"):
+    if column in ("noise_multiplier", "dp_variance_share", "noise_share_of_rms", "barrier"):
         return f"{value:.3f}"
     if column == "log10_from_optimum":
         return f"{value:+.2f}"
@@ -97,8 +98,9 @@ def _cell(column: str, row) -> str:
 
 
 def write_noise_table(summary: pd.DataFrame, prefix: str) -> None:
-    caption = ("Effective noise scale T = lr x D x sqrt(s_sample^2 + s_dp^2) of each release group (geometric mean "
-               "over tasks; s_dp = sigma C / B is DP's injected noise, D AdamW's decay growth) beside its merge "
+    caption = ("Effective noise scale T = lr x D x s^2 / sqrt(g^2 + s^2), s^2 = s_sample^2 + s_dp^2, of each release "
+               "group (geometric mean over tasks; s_dp = sigma C / B is DP's injected noise, g the mean gradient, D "
+               "AdamW's decay growth) beside its merge "
                "success: normalized merged accuracy (merged / own model, mean over tasks) and the loss barrier to "
                "the weight average; T* is the backbone's best non-private group.")
     write_small_table(summary, prefix, caption, HEADERS, _cell, text_columns=4)

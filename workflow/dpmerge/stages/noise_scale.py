@@ -75,7 +75,7 @@ def noise_scale(*, backbone_spec: dict, base: str, task_vectors: list[str], head
     """One row per task of a release group: the pieces of its effective noise scale T (from the release's record
     and the gradient-variance probe on the fixed test subsample), its individual and merged scores and the loss
     barrier to the merged model."""
-    from dpmerge.diagnostics.noise_scale import effective_noise, sampling_noise_bound
+    from dpmerge.diagnostics.noise_scale import effective_noise, mean_gradient_square, sampling_noise_bound
     from dpmerge.models.spec import backbone_from_spec
 
     if sweep not in SWEEPS:
@@ -107,7 +107,8 @@ def noise_scale(*, backbone_spec: dict, base: str, task_vectors: list[str], head
             pieces = effective_noise(lr=settings["lr"], weight_decay=settings["weight_decay"], steps=meta["steps"],
                                      batch_size=settings["batch_size"], sample_rate=rate,
                                      noise_multiplier=meta["noise_multiplier"], clip_norm=clip_norm,
-                                     second_moment=second_moment)
+                                     second_moment=second_moment,
+                                     mean_square=mean_gradient_square(second_moment, variance, len(labels)))
             rows.append({
                 **release_identity(meta), "label": label, "sweep": sweep, "task": task,
                 "lr": float(settings["lr"]), "batch_size": float(settings["batch_size"]),
