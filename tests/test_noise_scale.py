@@ -134,7 +134,7 @@ def _rows(backbone, method, label, sweep, eps, noise_scales, normalized, barrier
             for i, (t, n) in enumerate(zip(noise_scales, normalized))]
 
 
-def test_group_summary_takes_geometric_means_and_measures_from_the_best_nonprivate_group(tmp_path):
+def test_group_summary_takes_geometric_means_and_measures_from_the_nonprivate_group_of_largest_gain(tmp_path):
     from dpmerge.report.noise_scale import group_summary, plot_noise_scale, write_noise_table
 
     rows = pd.DataFrame(
@@ -144,7 +144,8 @@ def test_group_summary_takes_geometric_means_and_measures_from_the_best_nonpriva
     summary = group_summary(rows).set_index("label")
     assert summary.loc["nonprivate", "noise_scale"] == pytest.approx(2e-6)
     assert summary.loc["nonprivate", "normalized_merged"] == pytest.approx(80.0)
-    assert np.allclose(summary["optimum_noise_scale"], 8e-6)  # the lr group merges best
+    assert summary.loc["nonprivate-lr0.004", "merge_gain"] == pytest.approx(80 * (0.9 - 1))
+    assert np.allclose(summary["optimum_noise_scale"], 8e-6)  # the lr group loses least by merging
     assert summary.loc["naive_dp", "log10_from_optimum"] == pytest.approx(math.log10(1e-4 / 8e-6))
     assert summary.loc["nonprivate", "noise_scale_dp"] == 0.0  # no NaN from a geometric mean of zeros
     write_noise_table(summary.reset_index(), str(tmp_path / "noise"))

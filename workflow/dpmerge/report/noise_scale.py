@@ -2,12 +2,14 @@
 (diagnostics/noise_scale.py), non-private and private, as learning rate, batch size, weight decay and the budget
 move it.
 
-The protocol was fixed before any run was read: success is the merged model's score divided by each task model's
-own, averaged over tasks (normalized merged accuracy, under the study's noise_scale.operator), and the loss
-barrier from each task model to the weight average (the interpolation diagnostic); a group's T is the geometric
-mean over its tasks; the optimum is the non-private group of highest normalized merged accuracy on the backbone,
-and every group's distance to it is log10(T / T*). With one seed per group, points within a few normalized
-points of each other are not told apart.
+Merge success: the merged model's score minus each task model's own, averaged over tasks (the merge's gain, in
+score points, under the study's noise_scale.operator; <= 0 where merging costs), and the loss barrier from each
+task model to the weight average (the interpolation diagnostic). A group's T is the geometric mean over its tasks;
+the optimum T* is the backbone's non-private group of largest gain, and every group's distance to it is
+log10(T / T*). The protocol fixed before any run named the normalized merged accuracy (merged / own) instead;
+it is kept in the Parquet, but it is undefined where a task model scores near 0, as private MiniLM models do on
+the MCC and F1 pair tasks (it ranged from -7950 % to 263 % there), so the gain, read after seeing that, is what
+the table and figure show. With one seed per group, points a few score points apart are not told apart.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ HEADERS = {"backbone": "backbone", "method": "method", "sweep": "varied", "setti
            "target_epsilon": "eps", "noise_multiplier": "sigma", "noise_scale": "T",
            "dp_variance_share": "DP share of noise variance", "noise_share_of_rms": "noise share of Adam's RMS",
            "log10_from_optimum": "log10 T/T*",
-           "normalized_merged": "normalized merged (%)", "merged_score": "merged", "barrier": "barrier"}
+           "merged_score": "merged", "individual_score": "own", "merge_gain": "merged − own", "barrier": "barrier"}
 
 
 def _geometric_mean(values: pd.Series) -> float:
@@ -51,13 +53,14 @@ def group_summary(rows: pd.DataFrame) -> pd.DataFrame:
                      "barrier"):
             record[name] = float(group[name].mean())
         record["normalized_merged"] = 100.0 * float(group["normalized_merged"].mean())
+        record["merge_gain"] = float((group["merged_score"] - group["individual_score"]).mean())
         records.append(record)
     summary = pd.DataFrame(records)
     summary["optimum_noise_scale"] = math.nan
     for backbone, group in summary.groupby("backbone"):
         reference = group[group["method"] == "nonprivate"]
         if len(reference):
-            best = reference.loc[reference["normalized_merged"].idxmax(), "noise_scale"]
+            best = reference.loc[reference["merge_gain"].idxmax(), "noise_scale"]
             summary.loc[summary["backbone"] == backbone, "optimum_noise_scale"] = best
     summary["log10_from_optimum"] = np.log10(summary["noise_scale"] / summary["optimum_noise_scale"])
     return summary.sort_values(["backbone", "noise_scale"], ignore_index=True)
@@ -94,26 +97,29 @@ def _cell(column: str, row) -> str:
         return f"{value:.3f}"
     if column == "log10_from_optimum":
         return f"{value:+.2f}"
+    if column == "merge_gain":
+        return f"{value:+.1f}"
     return f"{value:.1f}"
 
 
 def write_noise_table(summary: pd.DataFrame, prefix: str) -> None:
     caption = ("Effective noise scale T = lr x D x s^2 / sqrt(g^2 + s^2), s^2 = s_sample^2 + s_dp^2, of each release "
                "group (geometric mean over tasks; s_dp = sigma C / B is DP's injected noise, g the mean gradient, D "
-               "AdamW's decay growth) beside its merge "
-               "success: normalized merged accuracy (merged / own model, mean over tasks) and the loss barrier to "
-               "the weight average; T* is the backbone's best non-private group.")
+               "AdamW's decay growth) beside its merge success: the merged score minus each task model's own "
+               "(mean over tasks, score points) and the loss barrier to the weight average; T* is the backbone's "
+               "non-private group of largest gain.")
     write_small_table(summary, prefix, caption, HEADERS, _cell, text_columns=4)
 
 
 def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
-    """Per backbone: normalized merged accuracy (top) and barrier (bottom) against T, log scale; one colour per
-    method, one marker per varied hyperparameter, each sweep's points joined through the configured run."""
+    """Per backbone: the merge's gain over the task models (top) and barrier (bottom) against T, log scale; one
+    colour per method, one marker per varied hyperparameter, each sweep's points joined through the configured
+    run."""
     from dpmerge.report.figures import _pyplot, _save_all
 
     plt = _pyplot()
     backbones = sorted(set(summary["backbone"]))
-    fig, axes = plt.subplots(2, len(backbones), figsize=(5.2 * len(backbones), 7.2), squeeze=False, sharex="col")
+    fig, axes = plt.subplots(2, len(backbones), figsize=(5.2 * len(backbones), 8.0), squeeze=False, sharex="col")
     colours = {"nonprivate": "tab:blue", "naive_dp": "tab:red", "dp_merging": "tab:green"}
     markers = {"centre": "o", "lr": "s", "batch_size": "^", "weight_decay": "D", "epsilon": "*"}
     others = iter(["tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"])
@@ -127,7 +133,7 @@ def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
                 points = mine[mine["sweep"] == sweep]
                 if sweep != "centre" and len(points):
                     points = pd.concat([points, centre]).sort_values("noise_scale")
-                for row_index, measure in enumerate(("normalized_merged", "barrier")):
+                for row_index, measure in enumerate(("merge_gain", "barrier")):
                     ax = axes[row_index][column]
                     if not len(points):
                         continue
@@ -136,17 +142,20 @@ def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
                                zorder=3, label=(f"{METHOD_LABELS.get(method, method)}: {SWEEP_NAMES[sweep]}"
                                                 if row_index == 0 else None))
         optimum = chosen["optimum_noise_scale"].dropna()
-        for row_index, ylabel in enumerate(("normalized merged accuracy (%)", "loss barrier to the weight average")):
+        for row_index, ylabel in enumerate(("merged − own model, mean over tasks (points)",
+                                            "loss barrier to the weight average")):
             ax = axes[row_index][column]
             if len(optimum):
                 ax.axvline(float(optimum.iloc[0]), color="0.5", linestyle=":", linewidth=1)
             ax.set_xscale("log")
             ax.set(ylabel=ylabel)
             if row_index == 0:
-                ax.set_title(f"{backbone} (dotted: best non-private T*)")
+                ax.set_title(f"{backbone} (dotted: T* of the best non-private group)")
             else:
                 ax.set_xlabel("effective noise scale T (log scale)")
-        axes[0][column].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
+    # one legend for every panel, below them, where it hides no point
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     _save_all(fig, out)
     plt.close(fig)

@@ -125,7 +125,7 @@ def noise_scale(*, backbone_spec: dict, base: str, task_vectors: list[str], head
                 "barrier": barriers[task],
             })
             log(f"[noise-scale] {task}: T {pieces['noise_scale']:.3g} (DP share of variance "
-                f"{pieces['dp_variance_share']:.3f}), normalized merged {rows[-1]['normalized_merged']:.3f}, "
+                f"{pieces['dp_variance_share']:.3f}), merged - own {merged_scores[task] - own[task]:+.1f}, "
                 f"barrier {barriers[task]:.4f} ({progress(done, len(tasks), started)})")
     write_parquet(rows, out)
 
