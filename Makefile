@@ -43,8 +43,8 @@ dry-run: install
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
 
 test: install
-	# -rs: a skipped test says why (e.g. the real-Slurm test where apt-get is unavailable)
-	$(BIN)/python -m pytest -q -rs tests
+	# -rs: a skipped test says why (e.g. the real-Slurm test where apt-get is unavailable); the 15 slowest listed
+	$(BIN)/python -m pytest -q -rs --durations=15 tests
 
 clean:
 	rm -rf results results_full results_noise results_protocol results_standin standins .snakemake

@@ -73,7 +73,7 @@ def test_every_benchmark_flag_shows_its_default(script):
 @pytest.mark.parametrize("label,hparams,message", [
     ("dp_merging-rho0.1", '{"rho": 0.2}', "--method dp_merging-rho0.1 says rho = 0.1, but --hparams gives 0.2"),
     ("dp_merging-lambda0.5", "{}", "says anchor_lambda = 0.5, but --hparams gives no value"),
-    ("dp_merging-sigma2", "{}", "expected <method>-<rho|lambda><value>"),
+    ("dp_merging-sigma2", "{}", "expected <method>-<rho|lambda|lr|B|wd><value>"),
     ("dpsgd", "{}", "unknown method 'dpsgd'"),
 ])
 def test_finetune_refuses_a_sweep_label_its_settings_contradict(tmp_path, label, hparams, message):
