@@ -316,9 +316,10 @@ def _check_noise_scale(config):
                            "the study reads one merged model per release group")
     for backbone in study["backbones"] or config["backbones"]:
         for method in study["methods"]:
-            lr = float(finetune_settings(config, backbone, method)["lr"])
+            settings = finetune_settings(config, backbone, method)
+            lr = float(settings["lr"])
             for factor in [1.0, *study["lr_factors"]]:
-                for decay in [finetune_settings(config, backbone, method)["weight_decay"], *study["weight_decays"]]:
+                for decay in [settings["weight_decay"], *study["weight_decays"]]:
                     if not lr * factor * float(decay) < 1:
                         raise ConfigError(f"noise_scale: lr {lr * factor:g} x weight decay {decay:g} on {backbone} "
                                           f"({method}) is not below 1; AdamW would flip the weights' sign each step")

@@ -2,8 +2,9 @@
 
 "How does the optimizer implicitly bias the model merging loss landscape?" (Zhang et al., arXiv 2510.04686)
 finds merging success a non-monotonic function of one effective noise scale that learning rate, batch size,
-weight decay and augmentation all move. Its definition is for non-private SGD-style training; ours extends it to
-DP-AdamW, the optimizer every run here uses, and is stated in full so that a reader can disagree with a piece:
+weight decay and augmentation all move. Only its abstract is in shared/reference, so its exact definition is not
+reproduced; ours is for DP-AdamW, the optimizer every run here uses, with DP's noise in it, and is stated in full
+so that a reader can disagree with a piece:
 
     T = eta * D(eta, lambda, K) * s^2 / sqrt(g^2 + s^2),     s^2 = s_sample^2 + s_dp^2
 

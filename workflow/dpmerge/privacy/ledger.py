@@ -4,8 +4,9 @@ Checks (each can fail, and `tests/test_privacy.py` makes each fail):
 - every private row carries the full record, keyed randomness (`keyed` or `secure`), and spent <= target;
 - the spent epsilon is recomputed from the record alone (sigma, q, steps by queries per step, delta,
   neighbouring relation, accountant) and must agree with what the release claims; and an independent
-  implementation (Google's dp_accounting: RDP for RDP-accounted add/remove releases, its PLD accountant for PRV
-  ones and for replace-one, which it accounts exactly) must not find more than the claim (+0.3 %);
+  implementation (Google's dp_accounting) must not find more (+0.3 %): its RDP against ours on the integer
+  orders for RDP-accounted add/remove releases, its PLD accountant against the claim for PRV ones and for
+  replace-one, which it accounts exactly;
 - within one release group (backbone, method and its swept settings, target epsilon, seed) each task appears once,
   so the group's release is (max epsilon, max delta)-DP by parallel composition over disjoint task datasets
   (paper, Thm. C.1);
@@ -265,8 +266,8 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
                  audits: pd.DataFrame | None = None) -> dict:
     """The check's outcome as data (privacy/ledger_check.json): what the answer page and other tools read instead
     of parsing the Markdown report. `independent_gap_percent` is the independent accountant's epsilon relative to
-    what it is compared with (min and max, %): each private record's claimed epsilon, or ours on the RDP orders
-    dp_accounting could compute where it dropped some; None when no record is private."""
+    what it is compared with (min and max, %): ours on the integer RDP orders, or the claim for PRV and
+    replace-one records; None when no record is private."""
     private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
     gap = None
     if len(private):
