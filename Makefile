@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo full noise protocol test install dry-run standin clean
+.PHONY: demo full noise mixing protocol test install dry-run standin clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,12 @@ noise: install
 	$(BIN)/snakemake --cores $(CORES) --configfile presets/noise_scale.yaml --workflow-profile profiles/local
 	$(BIN)/snakemake --cores 1 --configfile presets/noise_scale.yaml --workflow-profile profiles/local --report results_noise/report.html
 
+# Any target epsilon without training: selection and linear combination against training there, in results_mixing/.
+# Only the mixing table, figure and ledger are built (the preset's other tables would add nothing to them).
+MIXING_TARGETS := results_mixing/tables/mixing.md results_mixing/figures/mixing.png results_mixing/privacy/ledger_check.json
+mixing: install
+	$(BIN)/snakemake $(MIXING_TARGETS) --cores $(CORES) --configfile presets/mixing.yaml --workflow-profile profiles/local
+
 # How the default's training budget was chosen: candidates scored on validation splits, nothing merged.
 protocol: install
 	$(BIN)/snakemake --cores $(CORES) --configfile presets/protocol.yaml --workflow-profile profiles/local
@@ -47,4 +53,4 @@ test: install
 	$(BIN)/python -m pytest -q -rs --durations=15 tests
 
 clean:
-	rm -rf results results_full results_noise results_protocol results_standin standins .snakemake
+	rm -rf results results_full results_noise results_mixing results_protocol results_standin standins .snakemake

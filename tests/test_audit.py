@@ -15,7 +15,7 @@ from scipy.stats import binom
 from torch import nn
 
 from conftest import TEST_STUDY_KEY
-from dpmerge.artifacts import read_metadata
+from dpmerge.artifacts import load_tensors, read_metadata
 from dpmerge.models.base import Backbone
 from dpmerge.privacy.audit import audit_scores, epsilon_lower_bound, guess_counts, one_run_p_value
 
@@ -336,7 +336,8 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     from workflow_runs import SNAKEMAKE, snakemake_env
 
     config = {
-        "results": "results", "seeds": [0], "epsilons": [4], "methods": ["naive_dp"],
+        # two seeds for the linear combination below; audits and the noise study run on the first
+        "results": "results", "seeds": [0, 1], "epsilons": [4], "methods": ["naive_dp"],
         "backbones": {"effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
                                  "tasks": ["digits", "textures"], "finetune": {"lr": 0.002}}},
         "data": {"max_train": 48, "max_test": 24},
@@ -351,7 +352,9 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
         # the epsilon sweep's budget is audited too: the table has a row per budget
         "sweeps": {"epsilon": {"epsilons": [8], "methods": ["naive_dp"]}},
         # a release at epsilon 6 mixed from those at 4 and 8 (tests/test_mix_stage.py has the rest of mixing)
-        "mix": {"targets": [6], "methods": ["naive_dp"], "operator": "weight_averaging"},
+        "mix": {"targets": [6, 8], "methods": ["naive_dp"], "operator": "weight_averaging",
+                # and at 8, the average of the two seeds' releases at 4 (two runs at 4 compose to less than 8)
+                "combine": {"copies": 2, "budget": 4, "target": 8}},
         # the effective-noise study (tests/test_noise_scale.py has its pieces): one more release group at 2 x lr,
         # the configured run and the epsilon sweep's 8
         "noise_scale": {"methods": ["naive_dp"], "lr_factors": [2], "batch_sizes": [], "weight_decays": [],
@@ -380,15 +383,19 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert (check["verdict"], check["audits"]) == ("PASS", 2 * (2 * 2 + 2 * 2 + 2 * 2))
     ledger_md = (results / "privacy/ledger.md").read_text()
     assert "## Empirical audits" in ledger_md
-    # digits: a release and two audit runs (white- and black-box) at each budget, and the lr variant, composed
-    assert re.search(r"^\| digits \| effnet \| 3 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
+    # digits: a release per seed at each budget, the lr variant, and two audit runs (white- and black-box) of seed 0
+    # at each budget, composed
+    assert re.search(r"^\| digits \| effnet \| 5 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
     assert "| effnet | naive_dp | 0 | 0 | 0.004 | 8 | 0.01 | 4.0 | 0 | 2 |" in ledger_md, ledger_md
     summary = pd.read_parquet(results / "tables/audit.parquet")
     assert list(summary["target_epsilon"]) == [4.0, 8.0] and (summary["verdict"] == "PASS").all()
     assert summary["claimed_epsilon"].iloc[0] < summary["claimed_epsilon"].iloc[1]
     assert summary["white_box individual canaries"].tolist() == [128, 128]
     assert (results / "figures/audit.png").stat().st_size > 0
-    mixing = pd.read_parquet(results / "tables/mixing.parquet").iloc[0]
+    table = pd.read_parquet(results / "tables/mixing.parquet")
+    assert list(zip(table["target_epsilon"], table["release"])) == [(6.0, "selection"), (8.0, "combination"),
+                                                                     (8.0, "selection")]
+    mixing = table.iloc[0]
     assert (mixing["backbone"], mixing["method"], mixing["target_epsilon"], mixing["components"]) == \
         ("effnet", "naive_dp", 6.0, "4, 8")
     # by its PLD the release calibrated by RDP to 8 may already meet 6 alone: p may put all weight on it
@@ -396,6 +403,20 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert mixing["combination_epsilon"] > 8.0 and 0 <= mixing["mixed_score"] <= 100
     mixed = results / "mixtures/taskvectors/effnet/eps6/naive_dp/s0/digits.safetensors"
     assert read_metadata(mixed)["mixture"]["component_epsilons"] == [4.0, 8.0]
+    # the combination: both seeds' releases at 4 averaged, at their composition, paired with seed 0's selection and
+    # trained release at 8 (one pair: no interval)
+    combined = table.iloc[1]
+    assert combined["components"] == "2 × 4" and 4.0 < combined["mixture_epsilon"] <= 8.0
+    assert combined["seeds"] == 1 and math.isnan(combined["p_largest"]) and math.isnan(combined["versus_selection_low"])
+    seed0 = {kind: pd.read_parquet(results / f"{folder}/effnet/eps8/naive_dp/s0/weight_averaging.parquet")["score"].mean()
+             for kind, folder in (("selection", "mixtures/scores"), ("trained", "scores/merged"))}
+    assert combined["versus_selection"] == pytest.approx(combined["mixed_score"] - seed0["selection"])
+    assert combined["difference"] == pytest.approx(combined["mixed_score"] - seed0["trained"])
+    vector = results / "mixtures/combined/taskvectors/effnet/eps8/naive_dp/s0/digits.safetensors"
+    parts = [load_tensors(results / f"taskvectors/effnet/eps4/naive_dp/s{s}/digits.safetensors")[0] for s in (0, 1)]
+    averaged, record = load_tensors(vector)
+    assert record["mixture"]["component_seeds"] == [0, 1] and record["spent_epsilon"] <= combined["mixture_epsilon"] + 1e-9
+    assert all(torch.allclose(averaged[n], (parts[0][n] + parts[1][n]) / 2, atol=1e-6) for n in averaged)
     assert (results / "figures/mixing.png").stat().st_size > 0
     noise = pd.read_parquet(results / "tables/noise_scale.parquet").set_index("sweep")
     assert sorted(noise.index) == ["centre", "epsilon", "lr"] and (noise["tasks"] == 2).all()

@@ -129,9 +129,14 @@ def cmd_mix(args) -> None:
             out_head=args.out_head)
 
 
+def cmd_combine(args) -> None:
+    mix.combine(task_vectors=args.task_vectors, heads=args.heads, target_epsilon=args.target_epsilon,
+                weights=args.weights, seed=args.seed, out_vector=args.out_vector, out_head=args.out_head)
+
+
 def cmd_mix_report(args) -> None:
     mix.mix_report(mixed=args.mixed, vectors=args.vectors, trained=args.trained, out_prefix=args.out_prefix,
-                   figure=args.figure)
+                   figure=args.figure, combined=args.combined, combined_vectors=args.combined_vectors)
 
 
 def cmd_noise_scale(args) -> None:
@@ -284,6 +289,7 @@ COMMANDS = {
     "audit-report": cmd_audit_report,
     "merge": cmd_merge,
     "mix": cmd_mix,
+    "combine": cmd_combine,
     "mix-report": cmd_mix_report,
     "noise-scale": cmd_noise_scale,
     "noise-report": cmd_noise_report,

@@ -224,12 +224,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
 
+    p = add("combine", "A task's release at a target epsilon as a linear combination sum_i a_i w_i of independent "
+                       "repetitions of its release at one budget (task vectors and heads alike): post-processing "
+                       "of releasing them all, so it spends their composition, which must meet the target. It "
+                       "averages the components' independent noise down; it never reaches a budget below them.")
+    p.add_argument("--task-vectors", nargs="+", required=True,
+                   help="two or more of one task's task vectors at one budget by one method, from distinct seeds")
+    p.add_argument("--heads", nargs="+", required=True, help="their heads, in the same order")
+    p.add_argument("--target-epsilon", type=float, required=True,
+                   help="the epsilon the composition must meet, at the components' delta")
+    p.add_argument("--weights", type=float, nargs="+", default=None, help="a_i, one per component (default: 1/k)")
+    p.add_argument("--seed", type=int, default=0, help="the combination's own repetition index")
+    p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
+    p.add_argument("--out-head", required=True, help="its head .safetensors")
+
     p = add("mix-report", "The mixing table (PREFIX.parquet, .md, .tex) and figure: merged models of mixtures "
                           "('dpmerge mix') beside merged models of releases trained at each budget; every "
                           "mixture's epsilon recomputed from its record.")
     p.add_argument("--mixed", nargs="+", required=True, help="the mixtures' merged scores (.parquet)")
     p.add_argument("--vectors", nargs="+", required=True, help="the mixed task vectors (.safetensors)")
     p.add_argument("--trained", nargs="+", required=True, help="the trained releases' merged scores (.parquet)")
+    p.add_argument("--combined", nargs="*", default=[],
+                   help="the combinations' merged scores (.parquet; 'dpmerge combine' outputs merged; default: none)")
+    p.add_argument("--combined-vectors", nargs="*", default=[],
+                   help="the combined task vectors (.safetensors; default: none)")
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 

@@ -342,3 +342,25 @@ def _check_mix(config):
                 if not components or min(components) >= target:
                     raise ConfigError(f"mix.targets: {target} on {backbone} needs a release of {method} at a smaller "
                                       f"budget; it is released at {budgets} (epsilons and sweeps.epsilon.epsilons)")
+    _check_combine(config)
+
+
+def _check_combine(config):
+    mix, combine = config["mix"], config["mix"]["combine"]
+    if not combine["copies"]:
+        return
+    if combine["copies"] < 2 or combine["copies"] > len(config["seeds"]):
+        raise ConfigError(f"mix.combine.copies: {combine['copies']} must be 2 or more and at most the number of seeds "
+                          f"({len(config['seeds'])}): each combination averages that many independent repetitions")
+    if eps_label(combine["target"]) not in {eps_label(t) for t in mix["targets"]}:
+        raise ConfigError(f"mix.combine.target: {combine['target']:g} must be one of mix.targets {mix['targets']}, "
+                          f"where the combination is compared with selection")
+    if not combine["budget"] < combine["target"]:
+        raise ConfigError(f"mix.combine.budget: {combine['budget']:g} must be below mix.combine.target "
+                          f"{combine['target']:g}: a combination spends more than each of its components")
+    for backbone in config["backbones"]:
+        for method in mix["methods"]:
+            budgets = released_budgets(config, backbone, method)
+            if eps_label(combine["budget"]) not in {eps_label(b) for b in budgets}:
+                raise ConfigError(f"mix.combine.budget: {combine['budget']:g} is not a released budget of {method} on "
+                                  f"{backbone} ({budgets}: epsilons and sweeps.epsilon.epsilons)")

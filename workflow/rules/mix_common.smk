@@ -9,6 +9,12 @@ MIX_TV = result("mixtures/taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.sa
 MIX_HEAD = result("mixtures/heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 MIX_MERGED = result("mixtures/merged/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors")
 MIX_SCORES = result("mixtures/scores/{backbone}/{eps}/{method}/{seed}/{operator}.parquet")
+# Linear combinations (config mix.combine, dpmerge combine): the average of `copies` independent repetitions at
+# one budget, chunk j of the seeds filed under the j-th seed (the trained run it is paired with).
+COMBINED_TV = result("mixtures/combined/taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
+COMBINED_HEAD = result("mixtures/combined/heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
+COMBINED_MERGED = result("mixtures/combined/merged/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors")
+COMBINED_SCORES = result("mixtures/combined/scores/{backbone}/{eps}/{method}/{seed}/{operator}.parquet")
 MIX_TABLE = result("tables/mixing")
 FIGURE_MIX = result("figures/mixing")
 
@@ -36,6 +42,32 @@ def mix_component_labels(wildcards):
 def mix_components(pattern):
     def inputs(wildcards):
         return [pattern.format(**dict(wildcards, eps=e)) for e in mix_component_labels(wildcards)]
+
+    return inputs
+
+
+def combine_groups():
+    """(backbone, eps, method, seed) of every combination: per backbone and method, one per chunk of `copies`
+    seeds, filed under the chunk's index into the seeds (none while copies is 0)."""
+    combine = MIX["combine"]
+    copies = combine["copies"]
+    if not (MIX["targets"] and copies):
+        return []
+    return [
+        dict(backbone=b, eps=eps_label(combine["target"]), method=m, seed=SEEDS[j])
+        for b in config["backbones"]
+        for m in MIX["methods"]
+        for j in range(len(SEEDS) // copies)
+    ]
+
+
+def combined_components(pattern):
+    """The `copies` releases at combine.budget that chunk `seed` averages (the seeds after the chunk's index)."""
+
+    def inputs(wildcards):
+        copies, start = MIX["combine"]["copies"], SEEDS.index(wildcards.seed) * MIX["combine"]["copies"]
+        budget = eps_label(MIX["combine"]["budget"])
+        return [pattern.format(**dict(wildcards, eps=budget, seed=s)) for s in SEEDS[start : start + copies]]
 
     return inputs
 

@@ -19,7 +19,9 @@ Linear combination sum_i a_i w_i. It is post-processing of the joint release (w_
 on the same data, so it costs their composition: never less than its most expensive component, which is why
 selection, not combination, reaches targets between the components' budgets. Combination is the right tool
 only where its components are cheap and averaging their independent noise helps (several models at a small
-epsilon, e.g. two runs at epsilon 1 composed to about 1.5, with the noise of each averaged down).
+epsilon, e.g. two runs at epsilon 1 composed to about 1.4, with the noise of each averaged down); stages/mix.py
+`combine` releases the average of independent repetitions at one budget, and the mixing table scores it beside
+selection and training at the same target.
 
 Neither helps where the components are also released (as the epsilon sweep's are, for Table 4): an adversary
 who sees every component has the components' composition, whatever is mixed from them. The ledger composes what
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpmerge.privacy.accounting import composed_epsilon, record_mechanisms
+from dpmerge.privacy.accounting import ACCOUNTANTS, composed_epsilon, record_mechanisms
 
 # dp_accounting's PLD grid: 1e-3 keeps a 100-step record's PLD under a second and is within 1 % in epsilon of
 # finer grids on the study's settings; pessimistic rounding keeps delta an upper bound at any grid.
@@ -177,17 +179,24 @@ def plan_selection(records: list[dict], target_epsilon: float, delta: float, uti
                      [float(x) for x in deltas])
 
 
-def combination_epsilon(records: list[dict], delta: float, accountant: str = "rdp") -> float:
+def combination_epsilon(records: list[dict], delta: float, accountant: str | None = None) -> float:
     """epsilon of any linear combination sum_i a_i w_i of the components: the composition of every component's
-    steps (independent runs on the same data), by the accountant."""
+    steps (independent runs on the same data), by the accountant (default: the one the components were calibrated
+    with, RDP where they differ)."""
     check_components(records)
+    if accountant is None:
+        used = {str(r.get("accountant", "rdp")) for r in records}
+        accountant = used.pop() if len(used) == 1 and used <= set(ACCOUNTANTS) else "rdp"
     return composed_epsilon([m for r in records for m in record_mechanisms(r)], delta, accountant)
 
 
 def mixture_record_epsilon(record: dict) -> float:
-    """A released mixture's epsilon at its delta, recomputed from the components and probabilities its record
-    carries (stages/mix.py writes them), never from the epsilon it claims."""
+    """A released mixture's epsilon at its delta, recomputed from what its record carries (stages/mix.py writes
+    it), never from the epsilon it claims: a selection's from its components and probabilities, a combination's
+    from the composition of its components."""
     mixture = record["mixture"]
+    if mixture.get("mode") == "combination":
+        return combination_epsilon(mixture["components"], float(record["delta"]))
     check_components(mixture["components"])
     return mixture_epsilon([DeltaCurve(c) for c in mixture["components"]], mixture["probabilities"],
                            float(record["delta"]), target=float(record["target_epsilon"]))
@@ -195,6 +204,6 @@ def mixture_record_epsilon(record: dict) -> float:
 
 def mixture_mechanisms(record: dict) -> list[tuple[float, float, int]]:
     """What a mixture costs when composed with its task's other mechanisms, as mechanisms an accountant composes:
-    every component's steps. Conservative (selecting one is post-processing of releasing all), since the
-    mixture's own privacy curve is not a composition of Gaussian steps."""
+    every component's steps. Exact for a combination; conservative for a selection (selecting one is
+    post-processing of releasing all), whose own privacy curve is not a composition of Gaussian steps."""
     return [m for c in record["mixture"]["components"] for m in record_mechanisms(c)]

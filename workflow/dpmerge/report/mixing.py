@@ -1,12 +1,15 @@
 """The mixing table and figure: merged models of releases mixed to a target epsilon (stages/mix.py) beside merged
 models of releases trained at each budget.
 
-Table (one row per backbone, method and target epsilon): the mixtures' epsilon (the largest over tasks,
-recomputed from each mixture's record), the budgets mixed, the mean probability of the largest one, the merged
-score of the mixtures and, where the study also trained at the target, of the trained releases and their paired
-difference per seed (with its 95 % interval from two seeds on); and what a linear combination of all the
-components would cost (their composition), to show why selection, not combination, reaches a budget between.
-Figure: merged score against epsilon, trained releases as lines and mixtures as open markers, per backbone.
+Table (one row per backbone, method, target epsilon and kind of release): the release's epsilon (the largest
+over tasks, recomputed from each record), the budgets mixed, the mean probability of the largest one (random
+selection), the merged score and, where the study also trained at the target, that of the trained releases and
+their paired difference per seed (with its 95 % interval from two seeds on); for a linear combination (the
+average of independent repetitions at one budget, `dpmerge combine`) also its paired difference with selection
+at the same target; and what a linear combination of all of a selection's components would cost (their
+composition), to show why selection, not combination, reaches a budget between two.
+Figure: merged score against epsilon, trained releases as lines, selections as open markers and combinations
+as filled diamonds, per backbone.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ import pandas as pd
 from dpmerge.report.labels import METHOD_LABELS
 from dpmerge.report.small_table import write_small_table
 
-COLUMNS = {"backbone": "backbone", "method": "method", "target_epsilon": "target eps",
-           "mixture_epsilon": "mixture eps (recomputed)", "components": "budgets mixed",
+COLUMNS = {"backbone": "backbone", "method": "method", "target_epsilon": "target eps", "release": "release",
+           "mixture_epsilon": "eps (recomputed)", "components": "budgets mixed",
            "p_largest": "P(largest budget)", "mixed_score": "merged, mixed", "trained_score": "merged, trained at target",
-           "difference": "mixed − trained", "combination_epsilon": "eps of a linear combination of all",
-           "seeds": "seeds"}
+           "difference": "mixed − trained", "versus_selection": "combination − selection",
+           "combination_epsilon": "eps of a linear combination of all", "seeds": "seeds"}
 
 
 def merged_averages(scores: pd.DataFrame) -> pd.DataFrame:
@@ -41,27 +44,47 @@ def _interval(differences: np.ndarray) -> tuple[float, float]:
     return float(differences.mean() - half), float(differences.mean() + half)
 
 
-def mixing_summary(mixed: pd.DataFrame, trained: pd.DataFrame, mixtures: pd.DataFrame) -> pd.DataFrame:
-    """`mixed`, `trained`: merged score rows (stages/evaluate.py); `mixtures`: one row per mixed task vector
-    (backbone, method, target_epsilon, task, recomputed_epsilon, p_largest, components, combination_epsilon),
-    as stages/mix.py `mix_report` recomputes them from the records."""
+def _by_seed(averages: pd.DataFrame, backbone, method, target) -> pd.Series:
+    chosen = averages[(averages["backbone"] == backbone) & (averages["method"] == method)
+                      & np.isclose(averages["target_epsilon"], target)]
+    return chosen.set_index("seed")["score"]
+
+
+def _paired(ours: pd.Series, theirs: pd.Series) -> tuple[float, float, float]:
+    """mean of ours − theirs over the seeds both have, and its 95 % interval (NaN without two pairs)."""
+    paired = (ours - theirs).dropna()
+    return (float(paired.mean()) if len(paired) else math.nan, *_interval(paired.to_numpy()))
+
+
+def mixing_summary(mixed: pd.DataFrame, trained: pd.DataFrame, mixtures: pd.DataFrame,
+                   combined: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`mixed`, `trained`, `combined`: merged score rows (stages/evaluate.py) of the selections, the trained
+    releases and the combinations; `mixtures`: one row per mixed task vector (backbone, method, target_epsilon,
+    task, release: selection or combination, recomputed_epsilon, p_largest, components, combination_epsilon), as
+    stages/mix.py `mix_report` recomputes them from the records. A combination of seeds' chunk j is paired with
+    the selection and the trained release of seed j."""
     mixed_avg, trained_avg = merged_averages(mixed), merged_averages(trained)
+    combined_avg = merged_averages(combined) if combined is not None and len(combined) else mixed_avg.iloc[:0]
     rows = []
-    for (backbone, method, target), entry in mixtures.groupby(["backbone", "method", "target_epsilon"], sort=True):
-        ours = mixed_avg[(mixed_avg["backbone"] == backbone) & (mixed_avg["method"] == method)
-                         & np.isclose(mixed_avg["target_epsilon"], target)].set_index("seed")["score"]
-        theirs = trained_avg[(trained_avg["backbone"] == backbone) & (trained_avg["method"] == method)
-                             & np.isclose(trained_avg["target_epsilon"], target)].set_index("seed")["score"]
-        paired = (ours - theirs).dropna()
-        low, high = _interval(paired.to_numpy())
-        rows.append({"backbone": backbone, "method": method, "target_epsilon": float(target),
+    keys = ["backbone", "method", "target_epsilon", "release"]
+    for (backbone, method, target, release), entry in mixtures.groupby(keys, sort=True):
+        selection = _by_seed(mixed_avg, backbone, method, target)
+        ours = _by_seed(combined_avg, backbone, method, target) if release == "combination" else selection
+        theirs = _by_seed(trained_avg, backbone, method, target)
+        if release == "combination":  # chunk j stands beside seed j alone: the means are over the same seeds
+            theirs = theirs[theirs.index.isin(ours.index)]
+        difference, low, high = _paired(ours, theirs)
+        versus, versus_low, versus_high = (_paired(ours, selection) if release == "combination"
+                                           else (math.nan, math.nan, math.nan))
+        rows.append({"backbone": backbone, "method": method, "target_epsilon": float(target), "release": release,
                      "mixture_epsilon": float(entry["recomputed_epsilon"].max()),
                      "components": entry["components"].iloc[0],
                      "p_largest": float(entry["p_largest"].mean()),
                      "mixed_score": float(ours.mean()) if len(ours) else math.nan,
                      "trained_score": float(theirs.mean()) if len(theirs) else math.nan,
-                     "difference": float(paired.mean()) if len(paired) else math.nan,
-                     "difference_low": low, "difference_high": high,
+                     "difference": difference, "difference_low": low, "difference_high": high,
+                     "versus_selection": versus, "versus_selection_low": versus_low,
+                     "versus_selection_high": versus_high,
                      "combination_epsilon": float(entry["combination_epsilon"].max()), "seeds": int(len(ours))})
     return pd.DataFrame(rows)
 
@@ -76,8 +99,8 @@ def _cell(column: str, row) -> str:
         return str(value)
     if math.isnan(value):
         return "--"
-    if column == "difference":
-        low, high = row["difference_low"], row["difference_high"]
+    if column in ("difference", "versus_selection"):
+        low, high = row[f"{column}_low"], row[f"{column}_high"]
         return f"{value:+.1f}" + ("" if math.isnan(low) else f" [{low:+.1f}, {high:+.1f}]")
     return f"{value:.3f}" if column in ("mixture_epsilon", "p_largest", "combination_epsilon") else f"{value:.1f}"
 
@@ -87,20 +110,21 @@ def write_mixing_table(summary: pd.DataFrame, prefix: str, caption: str) -> list
     return write_small_table(summary, prefix, caption, COLUMNS, _cell)
 
 
-def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str]) -> None:
-    """Per backbone: merged score (mean over seeds) against epsilon; trained releases as lines, mixtures as open
-    markers of the same method's style."""
+def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str], combined: pd.DataFrame | None = None) -> None:
+    """Per backbone: merged score (mean over seeds) against epsilon; trained releases as lines, selections as open
+    markers of the same method's style, combinations as filled diamonds."""
     from dpmerge.report.figures import METHOD_STYLES, _pyplot, _save_all
 
     plt = _pyplot()
     mixed_avg, trained_avg = merged_averages(mixed), merged_averages(trained)
+    combined_avg = merged_averages(combined) if combined is not None and len(combined) else mixed_avg.iloc[:0]
     backbones = sorted(set(mixed_avg["backbone"]))
     fig, axes = plt.subplots(1, len(backbones), figsize=(4.6 * len(backbones), 3.8), squeeze=False)
     for ax, backbone in zip(axes[0], backbones):
         for method in sorted(set(mixed_avg["method"])):
             line, marker, grey = METHOD_STYLES.get(method, ("-", "o", "0.3"))
             label = METHOD_LABELS.get(method, method)
-            for frame, kind in ((trained_avg, "trained"), (mixed_avg, "mixed")):
+            for frame, kind in ((trained_avg, "trained"), (mixed_avg, "mixed"), (combined_avg, "combined")):
                 chosen = frame[(frame["backbone"] == backbone) & (frame["method"] == method)]
                 means = chosen.groupby("target_epsilon")["score"].mean().sort_index()
                 if not len(means):
@@ -108,10 +132,14 @@ def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str]) -> N
                 if kind == "trained":
                     ax.plot(means.index, means.values, linestyle=line, marker=marker, color=grey,
                             label=f"{label}, trained at epsilon")
-                else:
+                elif kind == "mixed":
                     ax.scatter(means.index, means.values, marker=marker, s=70, facecolors="none", edgecolors=grey,
-                               linewidths=1.5, label=f"{label}, mixed to epsilon", zorder=3)
-        budgets = sorted(set(trained_avg["target_epsilon"]) | set(mixed_avg["target_epsilon"]))
+                               linewidths=1.5, label=f"{label}, selection at epsilon", zorder=3)
+                else:
+                    ax.scatter(means.index, means.values, marker="D", s=45, color=grey,
+                               label=f"{label}, combination at epsilon", zorder=4)
+        budgets = sorted(set(trained_avg["target_epsilon"]) | set(mixed_avg["target_epsilon"])
+                         | set(combined_avg["target_epsilon"]))
         ax.set_xscale("log")
         ax.set_xticks(budgets, [f"{b:g}" for b in budgets])  # the budgets themselves, not powers of ten
         ax.minorticks_off()

@@ -1,6 +1,8 @@
 """A task's release at a target epsilon from its models at other budgets, without training (privacy/mixing.py):
 `dpmerge mix`. The components are one task's task vectors and heads from one w0; one of them is released, drawn
-with the selection's probabilities from a secret stream keyed by the mixture's identity.
+with the selection's probabilities from a secret stream keyed by the mixture's identity. `dpmerge combine`
+releases a linear combination instead: the weighted average of independent repetitions at one budget, at the
+composition of all of them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ _RUN_FIELDS = ("method", "spent_epsilon", "noise_multiplier", "sample_rate", "st
                "pretrained_sha256", "num_train_examples", "neighbouring", "task", "backbone")
 
 
-def _components(task_vectors: list[str], heads: list[str]) -> list[dict]:
+def _components(task_vectors: list[str], heads: list[str],
+                agree=("task", "backbone", "method", "seed")) -> list[dict]:
     from dpmerge.privacy.release import checked_release_records
 
     if len(task_vectors) != len(heads):
@@ -27,10 +30,11 @@ def _components(task_vectors: list[str], heads: list[str]) -> list[dict]:
             raise ValueError(f"{head} is not the head of {vector}: they differ in {', '.join(differing)}")
         if "mixture" in record:
             raise ValueError(f"{vector} is itself a mixture; mix the trained releases it came from")
-    for field in ("task", "backbone", "method", "seed"):
+    for field in agree:
         if len(values := {str(r.get(field)) for r in records}) > 1:
             raise ValueError(f"components disagree on {field} ({', '.join(sorted(values))}): a mixture is of one "
-                             f"task's releases by one method and repetition")
+                             f"task's releases by one method" + (" and repetition" if "seed" in agree else
+                                                                 " at one budget"))
     return records
 
 
@@ -99,11 +103,71 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
     return mixture
 
 
+def combine(*, task_vectors: list[str], heads: list[str], target_epsilon: float, weights: list[float] | None,
+            seed: int, out_vector: str, out_head: str) -> dict:
+    """Release sum_i a_i w_i (task vectors and heads alike) of independent repetitions of one task's release at one
+    budget: post-processing of releasing them all, so it spends their composition, which must meet
+    `target_epsilon` at the components' delta. Default weights: 1/k each. `seed` is the combination's own
+    repetition index (its components' seeds are recorded). Returns the combination's record entry."""
+    import torch
+
+    from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released
+    from dpmerge.privacy.mixing import check_components, combination_epsilon
+
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"--target-epsilon must be a positive number, got {target_epsilon}")
+    records = _components(task_vectors, heads, agree=("task", "backbone", "method", "target_epsilon"))
+    if len(records) < 2:
+        raise ValueError("a combination needs two or more releases; one alone is that release")
+    seeds = [r.get("seed") for r in records]
+    if len(set(map(str, seeds))) < len(seeds):
+        raise ValueError(f"components repeat a seed ({seeds}): a combination is of independent repetitions, "
+                         f"each run from its own keyed randomness")
+    check_components(records, task_vectors)
+    weights = [1.0 / len(records)] * len(records) if weights is None else [float(a) for a in weights]
+    if len(weights) != len(records) or not all(math.isfinite(a) for a in weights):
+        raise ValueError(f"--weights: one finite number per component ({len(records)}), got {weights}")
+    delta = max(float(r["delta"]) for r in records)
+    epsilon = combination_epsilon(records, delta)
+    if epsilon > target_epsilon:
+        raise ValueError(f"the composition of these {len(records)} releases at epsilon "
+                         f"{records[0]['target_epsilon']} spends {epsilon:.4f} > --target-epsilon {target_epsilon:g}"
+                         f" at delta {delta:.3g}; combine fewer or cheaper releases")
+
+    def average(paths):
+        loaded = [load_tensors(p)[0] for p in paths]
+        names = set(loaded[0])
+        if any(set(t) != names for t in loaded):
+            raise ValueError(f"{', '.join(paths)}: the components hold different tensors; not one model's releases")
+        return {n: sum(a * t[n].to(torch.float64) for a, t in zip(weights, loaded)).to(loaded[0][n].dtype)
+                for n in sorted(names)}
+
+    first = records[0]
+    combination = {
+        "mode": "combination",
+        "weights": weights,
+        "component_epsilons": [float(r["target_epsilon"]) for r in records],
+        "component_seeds": seeds,
+        "components": [{field: r.get(field) for field in PRIVACY_FIELDS} for r in records],
+        "accountant": f"{first['accountant']} composition of every component (independent runs on the same data)",
+    }
+    record = {k: v for k, v in first.items() if k not in ("artifact", "task", "backbone")}
+    record.update(target_epsilon=float(target_epsilon), spent_epsilon=epsilon, delta=delta, seed=int(seed),
+                  accountant=f"{first['accountant']}_composition", mixture=combination)
+    where = {"backbone": first["backbone"], "task": first["task"]}
+    save_released(out_head, average(heads), record, {**where, "artifact": "head"})
+    save_released(out_vector, average(task_vectors), record, {**where, "artifact": "task_vector"})
+    log(f"[combine] {first['task']}: {len(records)} releases at epsilon {first['target_epsilon']} (seeds {seeds}), "
+        f"weights {[round(a, 4) for a in weights]}, spend {epsilon:.3f} <= {target_epsilon:g} at delta {delta:.3g}; "
+        f"released {out_vector}")
+    return combination
+
+
 def mix_report(*, mixed: list[str], vectors: list[str], trained: list[str], out_prefix: str,
-               figure: list[str]) -> None:
-    """The mixing table and figure (report/mixing.py) from the mixtures' merged scores and task vectors and the
-    trained releases' merged scores; every mixture's epsilon recomputed from its record, and refused above its
-    target."""
+               figure: list[str], combined: list[str] = (), combined_vectors: list[str] = ()) -> None:
+    """The mixing table and figure (report/mixing.py) from the mixtures' and combinations' merged scores and task
+    vectors and the trained releases' merged scores; every release's epsilon recomputed from its record, and
+    refused above its target."""
     import numpy as np
     import pandas as pd
 
@@ -112,28 +176,40 @@ def mix_report(*, mixed: list[str], vectors: list[str], trained: list[str], out_
     from dpmerge.report.mixing import mixing_summary, plot_mixing, write_mixing_table
 
     rows = []
-    for path in vectors:
+    for path, release in [*((p, "selection") for p in vectors), *((p, "combination") for p in combined_vectors)]:
         record = read_metadata(path)
-        if "mixture" not in record:
-            raise ValueError(f"{path}: not a mixture (its record has no field 'mixture'); give 'dpmerge mix' outputs")
+        mode = record.get("mixture", {}).get("mode", "selection")
+        if "mixture" not in record or mode != release:
+            raise ValueError(f"{path}: not a {release} (its record's field 'mixture' is "
+                             f"{'absent' if 'mixture' not in record else mode!r}); give 'dpmerge "
+                             f"{'mix' if release == 'selection' else 'combine'}' outputs")
         recomputed = mixture_record_epsilon(record)
         if recomputed > float(record["target_epsilon"]) * (1 + 1e-9):
-            raise ValueError(f"{path}: its record's components and probabilities spend epsilon {recomputed:.4f}, "
-                             f"above its target {record['target_epsilon']}")
+            raise ValueError(f"{path}: its record's components spend epsilon {recomputed:.4f}, above its target "
+                             f"{record['target_epsilon']}")
         mixture = record["mixture"]
+        if release == "selection":
+            largest = mixture["probabilities"][int(np.argmax(mixture["component_epsilons"]))]
+            components = ", ".join(f"{e:g}" for e in mixture["component_epsilons"])
+        else:
+            largest = math.nan
+            components = f"{len(mixture['components'])} × {mixture['component_epsilons'][0]:g}"
         rows.append({"backbone": record["backbone"], "method": record["method"], "task": record["task"],
-                     "target_epsilon": float(record["target_epsilon"]), "recomputed_epsilon": recomputed,
-                     "p_largest": mixture["probabilities"][int(np.argmax(mixture["component_epsilons"]))],
-                     "components": ", ".join(f"{e:g}" for e in mixture["component_epsilons"]),
+                     "target_epsilon": float(record["target_epsilon"]), "release": release,
+                     "recomputed_epsilon": recomputed, "p_largest": largest, "components": components,
                      "combination_epsilon": combination_epsilon(mixture["components"], float(record["delta"]))})
     mixed_scores = pd.concat([pd.read_parquet(p) for p in mixed], ignore_index=True)
     trained_scores = pd.concat([pd.read_parquet(p) for p in trained], ignore_index=True)
-    summary = mixing_summary(mixed_scores, trained_scores, pd.DataFrame(rows))
-    caption = ("Releases mixed to a target epsilon (random selection among a method's releases at the other "
-               "budgets, arXiv 2604.20985) and merged, beside releases trained at that budget: merged score "
-               "averaged over tasks (0-100); mixed − trained paired per seed, with its 95 % interval from two seeds "
-               "on. A linear combination of all components would cost their composition (last column). The "
-               "mixtures' epsilon holds for a deployment that releases only them, not the components.")
+    combined_scores = (pd.concat([pd.read_parquet(p) for p in combined], ignore_index=True) if combined
+                       else None)
+    summary = mixing_summary(mixed_scores, trained_scores, pd.DataFrame(rows), combined_scores)
+    caption = ("Releases at a target epsilon without training, merged, beside releases trained at that budget: "
+               "random selection among a method's releases at the other budgets (arXiv 2604.20985) and, where "
+               "configured, a linear combination (the average of independent repetitions at one budget, at their "
+               "composition). Merged score averaged over tasks (0-100); differences paired per seed (a "
+               "combination of seeds' chunk j with seed j), with 95 % intervals from two pairs on. A linear "
+               "combination of all of a selection's components would cost their composition (last column). These "
+               "epsilons hold for a deployment that releases only them, not the components.")
     write_mixing_table(summary, out_prefix, caption)
-    plot_mixing(mixed_scores, trained_scores, figure)
-    log(f"[mix-report] {len(summary)} settings from {len(rows)} mixtures; wrote {out_prefix}.md")
+    plot_mixing(mixed_scores, trained_scores, figure, combined_scores)
+    log(f"[mix-report] {len(summary)} settings from {len(rows)} mixed task vectors; wrote {out_prefix}.md")
