@@ -100,3 +100,34 @@ def test_dpsat_is_accounted_at_one_query_per_step_with_dp_sgds_noise(toy_backbon
     assert records["dp_sat"]["anchor_lambda"] == 0.0 and records["dp_sat_anchor"]["anchor_lambda"] > 0
     assert records["dp_sam"]["noise_multiplier"] == pytest.approx(
         math.sqrt(2) * records["dp_sat"]["noise_multiplier"], rel=1e-6)
+
+
+@pytest.mark.parametrize("method", ["dp_sat", "dp_sat_anchor"])
+def test_the_remembered_gradient_survives_the_optimizer_step_it_feeds(toy_backbone, toy_data, method):
+    """DPSAT keeps g~_t without copying it (it is also the update AdamW reads, anchor added out of place): an
+    optimizer that changed its gradients in place would silently move the next step's ascent."""
+    features, labels = toy_data
+    model = TaskModel(toy_backbone, 3)
+    model.train()
+    clipper = make_clipper(model, "bookkeeping")
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchors = [p.detach().clone() - 0.1 for p in params[:-1]] + [None]
+    optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+    noise = GeneratorStream(torch.Generator().manual_seed(3))
+
+    def query(f, y):
+        return privatized_gradient(clipper, f, y, clip_norm=0.3, noise_multiplier=0.8, expected_batch_size=10.0,
+                                   noise=noise)
+
+    memory = {}
+    for step in range(3):
+        batch = (tuple(f[10 * step:10 * step + 10] for f in features), labels[10 * step:10 * step + 10])
+        update = method_update(METHODS[method], query, params, anchors, *batch, 0.05, 0.5, memory)
+        remembered = [g.clone() for g in memory["previous_gradient"]]
+        for p, u in zip(params, update):
+            p.grad = u
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        assert all(torch.equal(g, r) for g, r in zip(memory["previous_gradient"], remembered))
+    if METHODS[method].anchored:  # the anchor went on a copy: update and remembered gradient differ
+        assert not all(torch.equal(u, g) for u, g in zip(update, memory["previous_gradient"]))

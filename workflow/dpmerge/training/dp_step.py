@@ -63,25 +63,35 @@ def privatized_gradient(
     return summed
 
 
+def _ascent_scale(gradient: list[torch.Tensor], rho: float) -> float:
+    """rho / ||g||_2 (0 when ||g|| = 0): Eq. (5)'s eps = scale * g, never materialised (perturbed() fuses it)."""
+    norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradient))))
+    return rho / norm if norm > 0 else 0.0
+
+
 def sam_perturbation(gradient: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
     """Eq. (5): eps = rho * g / ||g||_2, and 0 when ||g|| = 0. Post-processing of g: no privacy cost."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradient)))
-    if norm == 0:
-        return [torch.zeros_like(g) for g in gradient]
-    return torch._foreach_mul(gradient, rho / norm)
+    return torch._foreach_mul(gradient, _ascent_scale(gradient, rho))
 
 
 @contextlib.contextmanager
-def perturbed(params: list[torch.Tensor], perturbation: list[torch.Tensor]):
-    """Temporarily move the weights to w + eps; restored bit-exactly (from a copy: (w + eps) - eps != w in floats)."""
+def perturbed(params: list[torch.Tensor], direction: list[torch.Tensor], scale: float = 1.0):
+    """Temporarily move the weights to w + scale * direction (one fused pass into fresh storage). Restored
+    bit-exactly and for free: the parameters get their original storage back, never a recomputed
+    (w + eps) - eps, which differs from w in floats."""
+    if scale == 0:
+        yield
+        return
     with torch.no_grad():
-        saved = torch._foreach_add(params, 0.0)  # one fused copy
-        torch._foreach_add_(params, perturbation)
+        originals = [p.data for p in params]
+        for p, shifted in zip(params, torch._foreach_add(originals, direction, alpha=scale)):
+            p.data = shifted
     try:
         yield
     finally:
         with torch.no_grad():
-            torch._foreach_copy_(params, saved)
+            for p, original in zip(params, originals):
+                p.data = original
 
 
 def poisson_batch(num_examples: int, sample_rate: float, sampler) -> torch.Tensor:
@@ -90,25 +100,32 @@ def poisson_batch(num_examples: int, sample_rate: float, sampler) -> torch.Tenso
     return torch.nonzero(sampler.uniform(num_examples).cpu() < sample_rate).flatten()
 
 
-def add_anchor(update, params, anchors, anchor_lambda: float):
-    """Eq. (7)'s alignment term: update + 2 lambda (w - w0), added to the already privatized update (in place).
+def add_anchor(update, params, anchors, anchor_lambda: float, *, in_place: bool = True):
+    """Eq. (7)'s alignment term: update + 2 lambda (w - w0), added to the already privatized update (in place,
+    or into new tensors where the update must stay as it is: DPSAT remembers it for the next step).
 
     Never through the loss: Opacus would drop it, and here it would be clipped away with the data terms.
     Parameters without a pretrained value (the task head) have no anchor.
     """
     with torch.no_grad():
-        anchored = [(u, p, w0) for u, p, w0 in zip(update, params, anchors) if w0 is not None]
-        if anchored:
-            u, p, w0 = map(list, zip(*anchored))
-            torch._foreach_add_(u, torch._foreach_sub(p, w0), alpha=2.0 * anchor_lambda)
+        anchored = [i for i, w0 in enumerate(anchors) if w0 is not None]
+        if not anchored:
+            return update
+        u = [update[i] for i in anchored]
+        drift = torch._foreach_sub([params[i] for i in anchored], [anchors[i] for i in anchored])
+        if in_place:
+            torch._foreach_add_(u, drift, alpha=2.0 * anchor_lambda)
+            return update
+        update = list(update)
+        for i, value in zip(anchored, torch._foreach_add(u, drift, alpha=2.0 * anchor_lambda)):
+            update[i] = value
     return update
 
 
 def sharpness_aware_query(query, params, features, labels, rho: float):
     """DP-SAM's two queries on the same Poisson batch: g~ at w, then h~ at w + rho g~/||g~|| (Eq. 4-6)."""
     g = query(features, labels)  # Eq. (4) at w
-    eps = sam_perturbation(g, rho)  # Eq. (5): post-processing of g~
-    with perturbed(params, eps):
+    with perturbed(params, g, _ascent_scale(g, rho)):  # Eq. (5): post-processing of g~
         return query(features, labels)  # Eq. (6): at w + eps, same batch
 
 
@@ -116,15 +133,16 @@ def previous_step_query(query, params, features, labels, rho: float, memory: dic
     """DPSAT's one query: g~ at w + rho g~_{t-1}/||g~_{t-1}|| (at w on the first step), remembered for the next step.
 
     g~_{t-1} was privatized when it was made, so reusing it is post-processing: the step costs one query.
+    The returned tensors are the remembered ones (no copy): the caller must not change them in place (the
+    anchor goes on out of place; AdamW only reads gradients).
     """
     previous = memory.get("previous_gradient")
     if previous is None:
         gradient = query(features, labels)
     else:
-        with perturbed(params, sam_perturbation(previous, rho)):
+        with perturbed(params, previous, _ascent_scale(previous, rho)):
             gradient = query(features, labels)
-    # a copy: the anchor is added to the returned update in place, and the ascent must follow g~ alone
-    memory["previous_gradient"] = [g.detach().clone() for g in gradient]
+    memory["previous_gradient"] = gradient
     return gradient
 
 
@@ -161,7 +179,7 @@ def dp_sat_step(query, params, anchors, features, labels, rho, anchor_lambda, me
 
 def dp_sat_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
     g = previous_step_query(query, params, features, labels, rho, memory)
-    return add_anchor(g, params, anchors, anchor_lambda)  # DPSAT + Eq. (7)'s anchor
+    return add_anchor(g, params, anchors, anchor_lambda, in_place=False)  # DPSAT + Eq. (7)'s anchor; g stays g~
 
 
 STEPS = {
