@@ -23,6 +23,17 @@ if workflow.is_main_process and workflow.local_exec and not workflow.dryrun:
     os.environ.setdefault("DPMERGE_FORKSERVER", "1")
 
 
+# Each running GPU job sees only its own GPU (workflow/dpmerge/gpu_slots.py): with --resources gpu=N (or the
+# profile's `resources`), local jobs share a pool of N device ids, and a job whose rule asked for a GPU claims
+# one before it starts. Slurm assigns devices itself.
+if workflow.is_main_process and workflow.local_exec:
+    from dpmerge import gpu_slots
+
+    os.environ[gpu_slots.SLOTS_VARIABLE] = ",".join(
+        gpu_slots.local_pool(gpu_slots.granted(workflow.global_resources), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    )
+
+
 # The embedded default, unless the command line names the experiment: a preset (--configfile presets/...) is a
 # whole configuration and must not be merged with this one (its backbones would be added to the preset's).
 if not workflow.config_settings.configfiles:

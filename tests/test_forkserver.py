@@ -121,6 +121,9 @@ def test_the_address_follows_the_environment_but_not_the_shell_state():
     base = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
     assert forkserver.server_address(base) == forkserver.server_address({**base, "PWD": "/elsewhere", "SHLVL": "3"})
     assert forkserver.server_address(base) != forkserver.server_address({**base, "OMP_NUM_THREADS": "2"})
+    # CPU and GPU jobs share a server; a job's own device does not (dpmerge/gpu_slots.py)
+    assert forkserver.server_address(base) == forkserver.server_address({**base, "DPMERGE_GPU_JOB": "0"})
+    assert forkserver.server_address(base) != forkserver.server_address({**base, "CUDA_VISIBLE_DEVICES": "1"})
     assert forkserver.server_address(base).parent.stat().st_mode & 0o077 == 0 or \
         not forkserver.server_address(base).parent.exists()
 

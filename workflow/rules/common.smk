@@ -124,6 +124,10 @@ def gpus(wildcards):
     return 0 if compute_settings(wildcards.backbone)["device"] == "cpu" else 1
 
 
+# Prefix of those jobs' shell: a job that asked for a GPU claims its own from the local pool (dpmerge/gpu_slots.py).
+GPU_JOB = "export DPMERGE_GPU_JOB={resources.gpu}; "
+
+
 def backbone_resource(name, default):
     """A job resource (mem_mb, runtime) from the backbone's `resources:` entry, else the rule's default. Memory
     grows with the attempt, so a job retried after running out of memory (profiles/slurm: retries) gets more."""
