@@ -1,6 +1,7 @@
 """Cost of one private fine-tuning step, as ratios measured side by side in one process on the same batches.
 
     .venv/bin/python bench/dp_step.py [--models effnet minilm vit_b32 roberta_base] [--batch-size 16]
+    python bench/dp_step.py --models vit_b32 --strategies bookkeeping --device cuda --precision bf16   # on a GPU
 
 Models: the embedded backbones' trainable tops as configured (effnet: EfficientNet-Lite0 last block at 64 px,
 minilm: all-MiniLM-L6-v2 last layer, 32 tokens) and two random-init models of the paper's shapes, trained
@@ -20,6 +21,7 @@ dp_sat_anchor <= 1.1x naive_dp (issue 21: one query, plus a perturbation and a c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import time
@@ -110,13 +112,29 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="examples per step")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per configuration, after one warm-up")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="torch device (cuda: timed with synchronisation, peak "
+                                                         "memory per step reported)")
+    parser.add_argument("--no-secure", action="store_true",
+                        help="skip the secure-randomness step (SHAKE-256 on the CPU: seconds per step at ViT scale)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: forward and backward under bfloat16 autocast (clipping, noise and AdamW in fp32)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"batch {args.batch_size}, {args.repeats} repeats (after one warm-up), {args.threads} thread(s); "
-          "median seconds per step (forward, backward, clipping, noise, AdamW)")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    print(f"batch {args.batch_size}, {args.repeats} repeats (after one warm-up), {args.threads} thread(s), "
+          f"{device} {args.precision}; median seconds per step (forward, backward, clipping, noise, AdamW)")
+
+    def autocast():
+        return (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16"
+                else contextlib.nullcontext())
+
     for name in args.models:
         generator = torch.Generator().manual_seed(0)
         model, features, labels, chosen = MODELS[name](args.batch_size, generator)
+        model.to(device)
+        features = tuple(f.to(device) if isinstance(f, torch.Tensor) else f for f in features)
+        labels = labels.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         anchors = [p.detach().clone() for p in params]
         optimizer = torch.optim.AdamW(params, lr=1e-6)
@@ -124,17 +142,20 @@ def main() -> None:
         # bound now: the loop deletes these names before the next model is built
         def nonprivate(f, y, model=model, params=params, optimizer=optimizer):
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(*f), y).backward()
+            with autocast():
+                loss = F.cross_entropy(model(*f), y)
+            loss.backward()
             return [p.grad for p in params]
 
         # Opacus allows one wrapper per model at a time, so strategies are timed one block after another;
         # each block interleaves its private steps with non-private ones and its ratios use that block's base.
         print(f"\n{name}: {sum(p.numel() for p in params) / 1e6:.1f}M trainable parameters; "
               f"chosen strategy: {chosen}")
-        keyed = MechanismRandomness(BENCH_KEY, {"bench": name}, "keyed").stream("gaussian_noise")
-        secure = MechanismRandomness(BENCH_KEY, {"bench": name}, "secure").stream("gaussian_noise")
+        keyed = MechanismRandomness(BENCH_KEY, {"bench": name}, "keyed").stream("gaussian_noise", device)
+        secure = MechanismRandomness(BENCH_KEY, {"bench": name}, "secure").stream("gaussian_noise", device)
         for strategy in dict.fromkeys([chosen, *args.strategies]):
-            clipper = OpacusGhostClipper(model) if strategy == "opacus_ghost" else make_clipper(model, strategy)
+            clipper = (OpacusGhostClipper(model) if strategy == "opacus_ghost"
+                       else make_clipper(model, strategy, autocast))
 
             def private(f, y, clipper=clipper, noise=keyed):
                 return privatized_gradient(clipper, f, y, clip_norm=0.2, noise_multiplier=1.0,
@@ -147,12 +168,17 @@ def main() -> None:
             if strategy == chosen:
                 runs["dp_merging"] = ("dp_merging", private)
                 runs["dp_sat_anchor"] = ("dp_sat_anchor", private)
-                runs["naive_dp_secure"] = ("naive_dp", private_secure)
+                if not args.no_secure:
+                    runs["naive_dp_secure"] = ("naive_dp", private_secure)
             times = {label: [] for label in runs}
+            peaks = {label: 0 for label in runs}
             memories = {label: {} for label in runs}  # DPSAT's previous gradient, carried across repeats
             for repeat in range(args.repeats + 1):
                 for label, (method, query) in runs.items():
                     gc.collect()
+                    if cuda:
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
                     start = time.perf_counter()
                     update = method_update(METHODS[method], query, params, anchors, features, labels, 0.05, 0.05,
                                            memories[label])
@@ -160,6 +186,9 @@ def main() -> None:
                         p.grad = u
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
+                    if cuda:
+                        torch.cuda.synchronize()
+                        peaks[label] = max(peaks[label], torch.cuda.max_memory_allocated())
                     if repeat:  # the first round warms up (vmap tracing, allocator)
                         times[label].append(time.perf_counter() - start)
             clipper.close()
@@ -170,9 +199,12 @@ def main() -> None:
                 line += (f"  dp_merging {med['dp_merging']:7.3f}s  "
                          f"dp_merging/naive_dp {med['dp_merging'] / med['naive_dp']:5.2f}  "
                          f"dp_sat_anchor {med['dp_sat_anchor']:7.3f}s  "
-                         f"dp_sat_anchor/naive_dp {med['dp_sat_anchor'] / med['naive_dp']:5.2f}  "
-                         f"secure {med['naive_dp_secure']:7.3f}s  "
-                         f"secure/keyed {med['naive_dp_secure'] / med['naive_dp']:5.2f}")
+                         f"dp_sat_anchor/naive_dp {med['dp_sat_anchor'] / med['naive_dp']:5.2f}")
+                if "naive_dp_secure" in med:
+                    line += (f"  secure {med['naive_dp_secure']:7.3f}s  "
+                             f"secure/keyed {med['naive_dp_secure'] / med['naive_dp']:5.2f}")
+            if cuda:
+                line += "  peak GiB " + " ".join(f"{label} {peak / 2**30:.2f}" for label, peak in peaks.items())
             print(line, flush=True)
         del model, params, anchors, optimizer, features
         gc.collect()
