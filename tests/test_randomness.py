@@ -237,38 +237,3 @@ def test_keyed_and_secure_generators_give_different_releases(toy_backbone, toy_d
     assert not same(keyed_release.task_vector, secure_release.task_vector)
     assert same(run(toy_backbone, features, labels, replace(BASE, rng="secure")).task_vector,
                 secure_release.task_vector)
-
-
-def test_a_large_keyed_draw_comes_in_pieces_from_their_own_generators_whatever_the_thread_count():
-    """Big noise vectors are drawn in NOISE_PARTS pieces by threads: the values depend on the key and the draw's
-    size alone (not on the threads), every piece is its own secret generator's, and a resumed stream continues."""
-    from dpmerge.privacy import randomness
-
-    count = randomness.SPLIT_FROM * 3 + 7
-
-    def stream():
-        return MechanismRandomness(b"\x07" * 32, {"mechanism": "test"}, "keyed").stream("gaussian_noise")
-
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = stream().normal((count,))
-        torch.set_num_threads(max(2, threads))
-        together = stream().normal((count,))
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(alone, together)
-    assert alone.mean().abs() < 0.01 and alone.std().item() == pytest.approx(1.0, abs=0.01)
-    # the first piece is the stream's own generator's; the next one is not its continuation
-    first = stream()
-    piece = count // randomness.NOISE_PARTS
-    assert torch.equal(alone[:piece], torch.randn(piece, generator=first.generator))
-    assert not torch.equal(alone[piece:2 * piece], torch.randn(piece, generator=first.generator))
-    # small draws stay on the one generator: the Poisson sampler's and a tiny model's noise are unchanged
-    assert torch.equal(stream().normal((100,)), torch.randn(100, generator=stream().generator))
-    resumed, original = stream(), stream()
-    original.normal((count,))
-    resumed.set_state(original.get_state())
-    assert torch.equal(resumed.normal((count,)), original.normal((count,)))
-    with pytest.raises(ValueError, match="cannot take a state of shape"):
-        resumed.set_state(torch.Generator().get_state())

@@ -5,8 +5,7 @@ named streams ("poisson_sampler", "gaussian_noise", ...); each stream's secret m
 HMAC-SHA256(key, identity, name). Two generators (config `privacy.rng`):
 
 - ``keyed`` (default): torch's own generators, with their whole state derived from the key, so they cost what
-  torch's generators cost. On the CPU a stream's large Gaussian draws are split into NOISE_PARTS pieces, each
-  from its own keyed generator (HMAC of the stream's name and the piece), so threads can draw them together. torch's CPU generator is an MT19937 whose `manual_seed` keeps only 32 bits of any seed
+  torch's generators cost. torch's CPU generator is an MT19937 whose `manual_seed` keeps only 32 bits of any seed
   (2^32 candidate seeds could be tried one by one), so its 624-word state is written directly from
   SHAKE-256(material): 19,968 secret bits. A CUDA generator (Philox) takes a 64-bit seed. Neither generator is
   cryptographically secure (about 624 consecutive raw outputs of an MT19937 determine the rest), but no raw output
@@ -61,69 +60,24 @@ def _cpu_generator(material: bytes) -> torch.Generator:
     return _words_generator(np.frombuffer(hashlib.shake_256(material).digest(4 * _MT_WORDS), dtype="<u4"))
 
 
-# A keyed CPU stream's large Gaussian draws come in NOISE_PARTS contiguous parts, each from a generator of its own
-# (its own secret state), so that several threads can draw one query's noise at once: an MT19937 is sequential,
-# and at ~3.5 ns a coordinate the noise was a third of a private step on the embedded tops (bench/dp_step.py).
-# The split depends only on the draw's size, never on the thread count, so the values do not either.
-NOISE_PARTS = 4
-SPLIT_FROM = 1 << 16  # coordinates; below this a thread costs more than it saves
-_pool = None
-
-
-def _thread_pool(workers: int):
-    """A process-wide pool, made on first use (after any fork: a forked child never inherits a live pool)."""
-    global _pool
-    if _pool is None or _pool._max_workers < workers:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpmerge-noise")
-    return _pool
-
-
 class GeneratorStream:
-    """Draws from torch generators (the `keyed` mode, or a plain seeded generator in tests): uniforms and small
-    Gaussian draws from `generator`; Gaussian draws of SPLIT_FROM coordinates or more, when `parts` generators are
-    given, in len(parts) + 1 contiguous pieces, the first from `generator`, the others from `parts` in order,
-    filled by up to torch.get_num_threads() threads."""
+    """Draws from one torch generator (the `keyed` mode, or a plain seeded generator in tests)."""
 
-    def __init__(self, generator: torch.Generator, parts: tuple[torch.Generator, ...] = ()):
+    def __init__(self, generator: torch.Generator):
         self.generator = generator
-        self.generators = (generator, *parts)
 
     def uniform(self, count: int) -> torch.Tensor:
         """`count` uniforms in [0, 1), float32, on the generator's device."""
         return torch.rand(count, generator=self.generator, device=self.generator.device)
 
     def normal(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
-        count = math.prod(shape)
-        if len(self.generators) == 1 or count < SPLIT_FROM:
-            return torch.randn(shape, generator=self.generator, dtype=dtype, device=self.generator.device)
-        drawn = torch.empty(count, dtype=dtype, device=self.generator.device)
-        bounds = [count * i // len(self.generators) for i in range(len(self.generators) + 1)]
-        pieces = [(drawn[start:end], generator)
-                  for start, end, generator in zip(bounds, bounds[1:], self.generators)]
-        workers = min(len(pieces), torch.get_num_threads())
-        if workers > 1:  # torch releases the GIL inside normal_: the pieces fill in parallel
-            list(_thread_pool(workers).map(lambda piece: piece[0].normal_(generator=piece[1]), pieces))
-        else:
-            for piece, generator in pieces:
-                piece.normal_(generator=generator)
-        return drawn.view(tuple(shape))
+        return torch.randn(shape, generator=self.generator, dtype=dtype, device=self.generator.device)
 
     def get_state(self):
-        if len(self.generators) == 1:
-            return self.generator.get_state()
-        return torch.stack([generator.get_state() for generator in self.generators])
+        return self.generator.get_state()
 
     def set_state(self, state) -> None:
-        if len(self.generators) == 1:
-            self.generator.set_state(state)
-            return
-        if state.dim() != 2 or state.shape[0] != len(self.generators):
-            raise ValueError(f"a stream of {len(self.generators)} generators cannot take a state of shape "
-                             f"{tuple(state.shape)}")
-        for generator, one in zip(self.generators, state):
-            generator.set_state(one.clone())
+        self.generator.set_state(state)
 
 
 class SecureStream:
@@ -179,8 +133,7 @@ class MechanismRandomness:
             return SecureStream(material)
         device = torch.device(device)
         if device.type == "cpu":
-            parts = tuple(_cpu_generator(self.material(f"{name}/part{i}")) for i in range(1, NOISE_PARTS))
-            return GeneratorStream(_cpu_generator(material), parts)
+            return GeneratorStream(_cpu_generator(material))
         generator = torch.Generator(device=device)
         generator.manual_seed(int.from_bytes(material[:8], "little"))  # Philox: all 64 bits are used
         return GeneratorStream(generator)

@@ -309,8 +309,6 @@ def finetune(
             "config": asdict(config),
             # the same study key and mechanism identity, or the resumed streams would not be this run's
             "randomness": mechanism_fingerprint(study_key, mechanism),
-            # how the noise stream is laid out (a checkpoint of another layout cannot resume this run's draws)
-            "noise_generators": len(getattr(noise, "generators", ())) or None,
             "num_examples": num_examples,
             "data_sha256": tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}}),
             "pretrained_sha256": backbone.checkpoint_sha256,
