@@ -34,7 +34,8 @@ rule audit:
         runtime=backbone_resource("runtime", "12h"),
         gpu=gpus,
     shell:
-        GPU_JOB + "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} "
         "--seed {params.seed} --hparams {params.hparams:q} --kind {wildcards.kind} --canaries {params.canaries} "
         "--audit-delta {params.delta} --confidence {params.confidence} {params.groups} "

@@ -124,8 +124,8 @@ def gpus(wildcards):
     return 0 if compute_settings(wildcards.backbone)["device"] == "cpu" else 1
 
 
-# Prefix of those jobs' shell: a job that asked for a GPU claims its own from the local pool (dpmerge/gpu_slots.py).
-GPU_JOB = "export DPMERGE_GPU_JOB={resources.gpu}; "
+# Their shell commands start with `export DPMERGE_GPU_JOB={resources.gpu};`: a job that asked for a GPU claims its
+# own from the local pool (dpmerge/gpu_slots.py). Written into each command, since no prefix reads resources.
 
 
 def backbone_resource(name, default):

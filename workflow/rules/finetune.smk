@@ -47,7 +47,8 @@ rule prepare:
         runtime=backbone_resource("runtime", "30m"),
         gpu=gpus,
     shell:
-        GPU_JOB + "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
         "--data-seed {params.seed} {params.validation} "
         f"{DATA_DIR_ARGUMENT} "
@@ -73,7 +74,8 @@ rule zeroshot_head:
         runtime="30m",
         gpu=gpus,
     shell:
-        GPU_JOB + "dpmerge zeroshot-head --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "dpmerge zeroshot-head --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --out {output} > {log} 2>&1"
 
 
@@ -107,7 +109,8 @@ rule finetune:
     shell:
         # The key's path and the checkpoint interval are part of the command, not params: neither is a setting
         # of the release, so changing one reruns nothing (the profiles leave `code` out of rerun-triggers).
-        GPU_JOB + "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
         "--hparams {params.hparams:q} "
         f"--study-key {STUDY_KEY} "

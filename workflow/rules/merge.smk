@@ -27,7 +27,8 @@ rule merge_statistics:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB + "dpmerge statistics {params.flags} {params.public} "
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "dpmerge statistics {params.flags} {params.public} "
         f"--study-key {STUDY_KEY} "
         "--backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
@@ -62,7 +63,8 @@ rule merge:
         runtime="1h",
     shell:
         # --require-privacy-record: in the study every input is a release; only a record-less merge by hand warns
-        GPU_JOB + "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
         "{input.vectors} && "
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {output.merged} "
         "--heads {input.heads} --data {input.data} --threads {threads} -o {output.scores}) > {log} 2>&1"
@@ -91,6 +93,7 @@ rule evaluate_individual:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB + "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
         "--threads {threads} -o {output} > {log} 2>&1"
