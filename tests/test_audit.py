@@ -408,14 +408,15 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     combined = table.iloc[1]
     assert combined["components"] == "2 × 4" and 4.0 < combined["mixture_epsilon"] <= 8.0
     assert combined["seeds"] == 1 and math.isnan(combined["p_largest"]) and math.isnan(combined["versus_selection_low"])
-    seed0 = {kind: pd.read_parquet(results / f"{folder}/effnet/eps8/naive_dp/s0/weight_averaging.parquet")["score"].mean()
-             for kind, folder in (("selection", "mixtures/scores"), ("trained", "scores/merged"))}
+    seed0 = {kind: pd.read_parquet(results / f"{folder}/effnet/eps8/naive_dp/s0/weight_averaging.parquet")
+             ["score"].mean() for kind, folder in (("selection", "mixtures/scores"), ("trained", "scores/merged"))}
     assert combined["versus_selection"] == pytest.approx(combined["mixed_score"] - seed0["selection"])
     assert combined["difference"] == pytest.approx(combined["mixed_score"] - seed0["trained"])
     vector = results / "mixtures/combined/taskvectors/effnet/eps8/naive_dp/s0/digits.safetensors"
     parts = [load_tensors(results / f"taskvectors/effnet/eps4/naive_dp/s{s}/digits.safetensors")[0] for s in (0, 1)]
     averaged, record = load_tensors(vector)
-    assert record["mixture"]["component_seeds"] == [0, 1] and record["spent_epsilon"] <= combined["mixture_epsilon"] + 1e-9
+    assert record["mixture"]["component_seeds"] == [0, 1]
+    assert record["spent_epsilon"] <= combined["mixture_epsilon"] + 1e-9
     assert all(torch.allclose(averaged[n], (parts[0][n] + parts[1][n]) / 2, atol=1e-6) for n in averaged)
     assert (results / "figures/mixing.png").stat().st_size > 0
     noise = pd.read_parquet(results / "tables/noise_scale.parquet").set_index("sweep")

@@ -89,8 +89,7 @@ def test_workflow_jobs_that_ask_for_a_gpu_run_on_one_device_of_the_pool(tmp_path
                                  "device": "cuda", "tasks": ["digits", "textures"]}},
         "data": {"max_train": 48, "max_test": 24}, "finetune": {"epochs": 0.4, "batch_size": 8},
         "merge": {"weight_averaging": {}}, "tables": {"operator": "weight_averaging"},
-        "diagnostics": {"interpolation": {"operator": "weight_averaging"}, "curvature": {"operator": "weight_averaging"},
-                        "landscape": {"operator": "weight_averaging"}},
+        "diagnostics": {kind: {"operator": "weight_averaging"} for kind in ("interpolation", "curvature", "landscape")},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     env = snakemake_env(CUDA_VISIBLE_DEVICES="5,7", DPMERGE_FORKSERVER="0")

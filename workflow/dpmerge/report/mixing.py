@@ -110,7 +110,8 @@ def write_mixing_table(summary: pd.DataFrame, prefix: str, caption: str) -> list
     return write_small_table(summary, prefix, caption, COLUMNS, _cell)
 
 
-def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str], combined: pd.DataFrame | None = None) -> None:
+def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str],
+                combined: pd.DataFrame | None = None) -> None:
     """Per backbone: merged score (mean over seeds) against epsilon; trained releases as lines, selections as open
     markers of the same method's style, combinations as filled diamonds."""
     from dpmerge.report.figures import METHOD_STYLES, _pyplot, _save_all
