@@ -18,9 +18,10 @@ from dpmerge.training.dp_step import (
     add_anchor,
     clipped_gradient_sum,
     method_update,
+    perturbed,
     poisson_batch,
     privatized_gradient,
-    sam_perturbation,
+    sam_scale,
 )
 from dpmerge.training.finetune import FinetuneConfig, finetune
 from dpmerge.training.methods import METHODS
@@ -156,10 +157,18 @@ def test_anchor_is_added_after_privatization_not_to_the_loss(toy_backbone, toy_d
 
 
 def test_sam_perturbation_has_norm_rho_and_is_zero_for_zero_gradient():
+    """Eq. (5) as the step applies it: perturbed() moves the weights by sam_scale(g) * g."""
     g = [torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])]
-    eps = sam_perturbation(g, 0.5)
+    params = [torch.nn.Parameter(torch.tensor([1.0, 2.0])), torch.nn.Parameter(torch.tensor([[-1.0]]))]
+    before = [p.detach().clone() for p in params]
+    with perturbed(params, g, sam_scale(g, 0.5)):
+        eps = [p.detach() - w for p, w in zip(params, before)]
     assert math.isclose(torch.sqrt(sum((e * e).sum() for e in eps)).item(), 0.5, rel_tol=1e-6)
-    assert all(torch.equal(e, torch.zeros_like(e)) for e in sam_perturbation([torch.zeros(3)], 0.5))
+    zero = [torch.zeros(2), torch.zeros(1, 1)]
+    assert sam_scale(zero, 0.5) == 0.0
+    with perturbed(params, zero, sam_scale(zero, 0.5)):
+        assert all(torch.equal(p.detach(), w) for p, w in zip(params, before))
+    assert all(torch.equal(p.detach(), w) for p, w in zip(params, before))  # restored after the ascent
 
 
 def test_anchor_formula_and_no_anchor_for_the_head():

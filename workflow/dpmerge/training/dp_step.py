@@ -1,7 +1,7 @@
 """The DP step of the paper, one equation per function ("When Privacy Hurts Mergeability", arXiv 2608.26655):
 
     g~ = (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B        Eq. (4)  privatized_gradient, B = q*N expected
-    eps = rho * g~ / ||g~||   (0 if ||g~|| = 0)                Eq. (5)  sam_perturbation
+    eps = rho * g~ / ||g~||   (0 if ||g~|| = 0)                Eq. (5)  sam_scale (eps = scale * g~)
     h~ = g~(w + eps) on the same Poisson batch                 Eq. (6)  perturbed + sharpness_aware_query
     w <- AdamW(w, h~ + 2*lambda*(w - w0))                       Eq. (7)  add_anchor, AFTER privatization
 
@@ -63,15 +63,11 @@ def privatized_gradient(
     return summed
 
 
-def _ascent_scale(gradient: list[torch.Tensor], rho: float) -> float:
-    """rho / ||g||_2 (0 when ||g|| = 0): Eq. (5)'s eps = scale * g, never materialised (perturbed() fuses it)."""
+def sam_scale(gradient: list[torch.Tensor], rho: float) -> float:
+    """Eq. (5) as a scale: eps = rho * g / ||g||_2 = scale * g, and 0 when ||g|| = 0. Post-processing of g: no
+    privacy cost. eps itself is never materialised: perturbed() adds scale * g to the weights in one pass."""
     norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradient))))
     return rho / norm if norm > 0 else 0.0
-
-
-def sam_perturbation(gradient: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
-    """Eq. (5): eps = rho * g / ||g||_2, and 0 when ||g|| = 0. Post-processing of g: no privacy cost."""
-    return torch._foreach_mul(gradient, _ascent_scale(gradient, rho))
 
 
 @contextlib.contextmanager
@@ -125,7 +121,7 @@ def add_anchor(update, params, anchors, anchor_lambda: float, *, in_place: bool 
 def sharpness_aware_query(query, params, features, labels, rho: float):
     """DP-SAM's two queries on the same Poisson batch: g~ at w, then h~ at w + rho g~/||g~|| (Eq. 4-6)."""
     g = query(features, labels)  # Eq. (4) at w
-    with perturbed(params, g, _ascent_scale(g, rho)):  # Eq. (5): post-processing of g~
+    with perturbed(params, g, sam_scale(g, rho)):  # Eq. (5): post-processing of g~
         return query(features, labels)  # Eq. (6): at w + eps, same batch
 
 
@@ -140,7 +136,7 @@ def previous_step_query(query, params, features, labels, rho: float, memory: dic
     if previous is None:
         gradient = query(features, labels)
     else:
-        with perturbed(params, previous, _ascent_scale(previous, rho)):
+        with perturbed(params, previous, sam_scale(previous, rho)):
             gradient = query(features, labels)
     memory["previous_gradient"] = gradient
     return gradient
