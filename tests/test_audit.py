@@ -336,7 +336,7 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     from workflow_runs import SNAKEMAKE, snakemake_env
 
     config = {
-        # two seeds for the linear combination below; audits and the noise study run on the first
+        # two seeds for the linear combination below and the noise study; audits run on the first
         "results": "results", "seeds": [0, 1], "epsilons": [4], "methods": ["naive_dp"],
         "backbones": {"effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
                                  "tasks": ["digits", "textures"], "finetune": {"lr": 0.002}}},
@@ -356,8 +356,8 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
                 # and at 8, the average of the two seeds' releases at 4 (two runs at 4 compose to less than 8)
                 "combine": {"copies": 2, "budget": 4, "target": 8}},
         # the effective-noise study (tests/test_noise_scale.py has its pieces): one more release group at 2 x lr,
-        # the configured run and the epsilon sweep's 8
-        "noise_scale": {"methods": ["naive_dp"], "lr_factors": [2], "batch_sizes": [], "weight_decays": [],
+        # the configured run and the epsilon sweep's 8, each at both seeds
+        "noise_scale": {"methods": ["naive_dp"], "seeds": 2, "lr_factors": [2], "batch_sizes": [], "weight_decays": [],
                         "epsilons": [8], "operator": "weight_averaging", "max_examples": 8},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
@@ -383,9 +383,9 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert (check["verdict"], check["audits"]) == ("PASS", 2 * (2 * 2 + 2 * 2 + 2 * 2))
     ledger_md = (results / "privacy/ledger.md").read_text()
     assert "## Empirical audits" in ledger_md
-    # digits: a release per seed at each budget, the lr variant, and two audit runs (white- and black-box) of seed 0
-    # at each budget, composed
-    assert re.search(r"^\| digits \| effnet \| 5 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
+    # digits: a release per seed at each budget, the lr variant's per seed, and two audit runs (white- and
+    # black-box) of seed 0 at each budget, composed
+    assert re.search(r"^\| digits \| effnet \| 6 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
     assert "| effnet | naive_dp | 0 | 0 | 0.004 | 8 | 0.01 | 4.0 | 0 | 2 |" in ledger_md, ledger_md
     summary = pd.read_parquet(results / "tables/audit.parquet")
     assert list(summary["target_epsilon"]) == [4.0, 8.0] and (summary["verdict"] == "PASS").all()
@@ -427,6 +427,12 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert noise.loc["lr", "noise_scale_dp"] / noise.loc["centre", "noise_scale_dp"] == pytest.approx(2, rel=1e-2)
     assert noise.loc["epsilon", "noise_multiplier"] < noise.loc["centre", "noise_multiplier"]
     assert (noise["noise_scale"] >= noise["noise_scale_dp"]).all() and noise["optimum_noise_scale"].isna().all()
+    # each setting over both seeds, with an interval; the readings pair the seeds (no non-private run: no T*)
+    assert (noise["seeds"] == 2).all() and (noise["merge_gain_low"] <= noise["merge_gain_high"]).all()
+    readings = pd.read_parquet(results / "tables/noise_scale_readings.parquet")
+    assert set(readings["reading"]) == {"(c) Spearman ρ(log T, merged − own)", "(c) Spearman ρ(log T, merged)",
+                                        "exploratory: merged − own, setting − configured"}
+    assert (readings["seeds"] == 2).all()
     assert (results / "figures/noise_scale.png").stat().st_size > 0
 
 

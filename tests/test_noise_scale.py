@@ -4,6 +4,8 @@ configuration checks; the ledger telling swept runs apart. The workflow's noise_
 tests/test_audit.py's tiny workflow."""
 
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -123,9 +125,9 @@ def test_effective_noise_combines_the_pieces_and_scales_with_lr_and_batch():
         2 * math.sqrt((1 - 16 / 1200) / (1 - 64 / 1200)))
 
 
-def _rows(backbone, method, label, sweep, eps, noise_scales, normalized, barrier=0.1):
+def _rows(backbone, method, label, sweep, eps, noise_scales, normalized, barrier=0.1, seed=0, lr=1e-3):
     return [{"backbone": backbone, "method": method, "label": label, "sweep": sweep, "target_epsilon": eps,
-             "seed": 0, "task": f"t{i}", "lr": 1e-3, "batch_size": 64.0, "weight_decay": 0.01, "steps": 10,
+             "seed": seed, "task": f"t{i}", "lr": lr, "batch_size": 64.0, "weight_decay": 0.01, "steps": 10,
              "noise_multiplier": 0.0 if math.isinf(eps) else 1.0, "noise_scale": t,
              "noise_scale_dp": 0.0 if math.isinf(eps) else t, "noise_scale_sampling": t, "effective_lr": 1e-3,
              "noise_share_of_rms": 1.0,
@@ -135,11 +137,11 @@ def _rows(backbone, method, label, sweep, eps, noise_scales, normalized, barrier
 
 
 def test_group_summary_takes_geometric_means_and_measures_from_the_nonprivate_group_of_largest_gain(tmp_path):
-    from dpmerge.report.noise_scale import group_summary, plot_noise_scale, write_noise_table
+    from dpmerge.report.noise_scale import group_summary, plot_noise_scale, setting_summary, write_noise_table
 
     rows = pd.DataFrame(
         _rows("b", "nonprivate", "nonprivate", "centre", math.inf, [1e-6, 4e-6], [0.9, 0.7])
-        + _rows("b", "nonprivate", "nonprivate-lr0.004", "lr", math.inf, [4e-6, 16e-6], [0.95, 0.85])
+        + _rows("b", "nonprivate", "nonprivate-lr0.004", "lr", math.inf, [4e-6, 16e-6], [0.95, 0.85], lr=4e-3)
         + _rows("b", "naive_dp", "naive_dp", "centre", 4.0, [1e-4, 1e-4], [0.5, 0.3]))
     summary = group_summary(rows).set_index("label")
     assert summary.loc["nonprivate", "noise_scale"] == pytest.approx(2e-6)
@@ -148,12 +150,84 @@ def test_group_summary_takes_geometric_means_and_measures_from_the_nonprivate_gr
     assert np.allclose(summary["optimum_noise_scale"], 8e-6)  # the lr group loses least by merging
     assert summary.loc["naive_dp", "log10_from_optimum"] == pytest.approx(math.log10(1e-4 / 8e-6))
     assert summary.loc["nonprivate", "noise_scale_dp"] == 0.0  # no NaN from a geometric mean of zeros
-    write_noise_table(summary.reset_index(), str(tmp_path / "noise"))
+    settings = setting_summary(group_summary(rows))
+    assert np.allclose(settings.set_index("label")["noise_scale"], summary["noise_scale"])  # one seed: as is
+    assert settings["merge_gain_low"].isna().all()  # one seed: no interval
+    write_noise_table(settings, str(tmp_path / "noise"))
     markdown = (tmp_path / "noise.md").read_text()
-    assert "| learning rate | lr 0.001 | inf |" in markdown and "| configured | as configured | 4 |" in markdown
+    assert "| learning rate | lr × 4 | inf | 1 |" in markdown and "| configured | as configured | 4 | 1 |" in markdown
     assert pd.read_parquet(tmp_path / "noise.parquet")["noise_scale"].dtype.kind == "f"
-    plot_noise_scale(summary.reset_index(), [str(tmp_path / "noise.png")])
+    plot_noise_scale(settings, [str(tmp_path / "noise.png")])
     assert (tmp_path / "noise.png").stat().st_size > 0
+
+
+def _seeded_study():
+    """Three seeds of a non-private configured and 4 x lr run and two private methods at three settings each, with
+    gains (merged - own) and T chosen so every reading has a known answer."""
+    rows = []
+    # non-private: the lr run gains more on average (-5 vs -8) though seed 0 alone says the opposite
+    for seed, (centre, fast) in enumerate([(-4.0, -6.0), (-10.0, -4.0), (-10.0, -5.0)]):
+        rows += _rows("b", "nonprivate", "nonprivate", "centre", math.inf, [1e-6] * 2, [1 + centre / 80] * 2,
+                      seed=seed)
+        rows += _rows("b", "nonprivate", "nonprivate-lr0.004", "lr", math.inf, [4e-6] * 2, [1 + fast / 80] * 2,
+                      seed=seed, lr=4e-3)
+    # private: DP-Merging's gain = DP's + (3, 5, 7) by seed at every setting; T rises over the settings while DP's
+    # gain falls with it, except at seed 2 where the two larger settings swap
+    for seed, shift in enumerate([3.0, 5.0, 7.0]):
+        for method, lr, extra in (("naive_dp", 5e-3, 0.0), ("dp_merging", 5e-3, shift)):
+            settings = [(method, "centre", 4.0, 1e-5, lr), (f"{method}-lr0.02", "lr", 4.0, 1e-4, 4 * lr),
+                        (method, "epsilon", 1.0, 1e-3, lr)]
+            gains = [-10.0, -20.0, -30.0] if seed < 2 else [-10.0, -30.0, -20.0]
+            for (label, sweep, eps, t, run_lr), gain in zip(settings, gains):
+                rows += _rows("b", method, label, sweep, eps, [t] * 2, [1 + (gain + extra) / 80] * 2, seed=seed,
+                              lr=run_lr)
+    return pd.DataFrame(rows)
+
+
+def test_settings_average_seeds_and_the_readings_pair_them():
+    from scipy.stats import t as student_t
+
+    from dpmerge.report.noise_readings import noise_readings, write_readings_table
+    from dpmerge.report.noise_scale import group_summary, plot_noise_scale, setting_summary, write_noise_table
+
+    per_seed = group_summary(_seeded_study())
+    # T* is the non-private setting of largest mean gain over seeds (the lr run), not seed 0's best
+    assert np.allclose(per_seed["optimum_noise_scale"], 4e-6)
+    settings = setting_summary(per_seed).set_index(["method", "setting"])
+    assert settings["seeds"].eq(3).all()
+    centre = settings.loc[("nonprivate", "as configured")]
+    half = student_t.ppf(0.975, 2) * np.std([-4.0, -10.0, -10.0], ddof=1) / math.sqrt(3)
+    assert centre["merge_gain"] == pytest.approx(-8.0)
+    assert (centre["merge_gain_low"], centre["merge_gain_high"]) == pytest.approx((-8.0 - half, -8.0 + half))
+    assert settings.loc[("naive_dp", "lr × 4"), "log10_from_optimum"] == pytest.approx(math.log10(1e-4 / 4e-6))
+    assert settings.loc[("naive_dp", "lr × 4"), "merge_gain_high"] > settings.loc[("naive_dp", "lr × 4"),
+                                                                                    "merge_gain"]
+
+    readings = noise_readings(per_seed).set_index(["reading", "subject", "setting"])
+    # (b) DP-Merging - DP: (3, 5, 7) at every setting, so 5 with the t-interval of those three values
+    half = student_t.ppf(0.975, 2) * np.std([3.0, 5.0, 7.0], ddof=1) / math.sqrt(3)
+    for setting in ("as configured", "lr × 4", "eps 1", "mean over 3 settings"):
+        paired = readings.loc[("(b) merged − own", "DP-Merging − DP", setting)]
+        assert paired["estimate"] == pytest.approx(5.0) and paired["seeds"] == 3
+        assert (paired["low"], paired["high"]) == pytest.approx((5.0 - half, 5.0 + half))
+    # (c) rho over the three settings: -1 at seeds 0 and 1, -0.5 at seed 2
+    rho = readings.loc[("(c) Spearman ρ(log T, merged − own)", "DP", "over 3 settings")]
+    assert rho["estimate"] == pytest.approx((-1 - 1 - 0.5) / 3) and rho["low"] == -1.0 and rho["high"] < 0
+    # (a) the configured DP run's distance from T*, the same at every seed
+    distance = readings.loc[("(a) log10 T/T*", "DP", "as configured")]
+    assert distance["estimate"] == pytest.approx(math.log10(1e-5 / 4e-6)) and distance["seeds"] == 3
+    # exploratory: non-private 4 x lr - configured, paired: (-2, 6, 5)
+    faster = readings.loc[("exploratory: merged − own, setting − configured", "Non-private", "lr × 4")]
+    assert faster["estimate"] == pytest.approx(3.0)
+    with pytest.raises(KeyError):  # a method without a configured run is not paired with itself
+        readings.loc[("(a) log10 T/T*", "Non-private", "as configured")]
+
+    write_noise_table(setting_summary(per_seed), str(tmp := Path(tempfile.mkdtemp())) + "/noise")
+    write_readings_table(noise_readings(per_seed), str(tmp / "readings"))
+    assert "| b | (b) merged − own | DP-Merging − DP | eps 1 | +5.00 |" in (tmp / "readings.md").read_text()
+    assert pd.read_parquet(tmp / "readings.parquet")["low"].dtype.kind == "f"
+    plot_noise_scale(setting_summary(per_seed), [str(tmp / "noise.png")])  # with bars over seeds
+    assert (tmp / "noise.png").stat().st_size > 0
 
 
 def test_the_ledger_tells_swept_runs_of_one_method_apart():

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
 
     def add(name, help_text):
-        return sub.add_parser(name, help=help_text, description=help_text, formatter_class=DefaultsShown)
+        # argparse %-formats a help string but prints a description as written
+        return sub.add_parser(name, help=help_text, description=help_text.replace("%%", "%"),
+                              formatter_class=DefaultsShown)
 
     spec_help = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0", "trainable_blocks": 1}\''
 
@@ -271,10 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test examples of the gradient-variance probe (default 64)")
     p.add_argument("-o", "--out", required=True, help="rows .parquet, one per task")
 
-    p = add("noise-report", "The effective-noise table (PREFIX.parquet, .md, .tex) and figure: every group's merge "
-                            "success against T, with the best non-private group's T* marked.")
+    p = add("noise-report", "The effective-noise table (PREFIX.parquet, .md, .tex) and figure: every setting's merge "
+                            "success against T (mean over seeds, 95 %% interval), with the best non-private "
+                            "setting's T* marked; and the study's paired readings over seeds (PREFIX_readings.*).")
     p.add_argument("--rows", nargs="+", required=True, help="'dpmerge noise-scale' files")
-    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
+    p.add_argument("--out-prefix", required=True,
+                   help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex and PREFIX_readings.{parquet,md,tex}")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"

@@ -48,6 +48,14 @@ rule noise_report:
             labels={"file": "effective-noise table"},
         ),
         tex=f"{NOISE_TABLE}.tex",
+        readings_parquet=f"{NOISE_TABLE}_readings.parquet",
+        readings=report(
+            f"{NOISE_TABLE}_readings.md",
+            caption="../report/table_noise_readings.rst",
+            category="Effective noise",
+            labels={"file": "effective-noise readings"},
+        ),
+        readings_tex=f"{NOISE_TABLE}_readings.tex",
         png=report(
             f"{FIGURE_NOISE}.png",
             caption="../report/figure_noise_scale.rst",

@@ -61,6 +61,7 @@ def noise_merged_scores(wildcards):
 def noise_targets():
     if not NOISE["methods"]:
         return []
-    return [NOISE_TABLE + ext for ext in (".parquet", ".md", ".tex")] + [
+    tables = [NOISE_TABLE, NOISE_TABLE + "_readings"]
+    return [table + ext for table in tables for ext in (".parquet", ".md", ".tex")] + [
         FIGURE_NOISE + ext for ext in FIGURE_EXTENSIONS
     ]

@@ -3,13 +3,14 @@
 move it.
 
 Merge success: the merged model's score minus each task model's own, averaged over tasks (the merge's gain, in
-score points, under the study's noise_scale.operator; <= 0 where merging costs), and the loss barrier from each
-task model to the weight average (the interpolation diagnostic). A group's T is the geometric mean over its tasks;
-the optimum T* is the backbone's non-private group of largest gain, and every group's distance to it is
-log10(T / T*). The protocol fixed before any run named the normalized merged accuracy (merged / own) instead;
-it is kept in the Parquet, but it is undefined where a task model scores near 0, as private MiniLM models do on
-the MCC and F1 pair tasks (it ranged from -7950 % to 263 % there), so the gain, read after seeing that, is what
-the table and figure show. With one seed per group, points a few score points apart are not told apart.
+score points, under the study's noise_scale.operator; <= 0 where merging costs), and the loss barrier from each task
+model to the weight average (the interpolation diagnostic). A group's T is the geometric mean over its tasks;
+the optimum T* is the backbone's non-private setting of largest gain (mean over seeds), and every group's distance
+to it is log10(T / T*). The protocol fixed before any run named the normalized merged accuracy (merged / own)
+instead; it is kept in the Parquet, but it is undefined where a task model scores near 0, as private MiniLM models
+do on the MCC and F1 pair tasks (it ranged from -7950 % to 263 % there), so the gain, read after seeing that, is
+what the table and figure show. A setting run at several seeds is shown as its mean over seeds with a 95 %
+t-interval; the paired readings are in report/noise_readings.py.
 """
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ import pandas as pd
 from dpmerge.report.labels import METHOD_LABELS
 from dpmerge.report.small_table import write_small_table
 
-GROUP = ["backbone", "method", "label", "sweep", "target_epsilon", "seed"]
+SETTING = ["backbone", "method", "label", "sweep", "target_epsilon"]
+GROUP = SETTING + ["seed"]
 SWEEP_NAMES = {"centre": "configured", "lr": "learning rate", "batch_size": "batch size",
                "weight_decay": "weight decay", "epsilon": "epsilon"}
 HEADERS = {"backbone": "backbone", "method": "method", "sweep": "varied", "setting": "setting",
-           "target_epsilon": "eps", "noise_multiplier": "sigma", "noise_scale": "T",
+           "target_epsilon": "eps", "seeds": "seeds", "noise_multiplier": "sigma", "noise_scale": "T",
            "dp_variance_share": "DP share of noise variance", "noise_share_of_rms": "noise share of Adam's RMS",
            "log10_from_optimum": "log10 T/T*",
-           "merged_score": "merged", "individual_score": "own", "merge_gain": "merged − own", "barrier": "barrier"}
+           "merged_score": "merged", "individual_score": "own", "merge_gain": "merged − own",
+           "merge_gain_interval": "95 % interval", "barrier": "barrier"}
+# averaged over seeds with a 95 % t-interval; the rest of a setting's numbers are plain means over its seeds
+WITH_INTERVALS = ("merge_gain", "merged_score", "barrier", "log10_from_optimum")
 
 
 def _geometric_mean(values: pd.Series) -> float:
@@ -38,8 +43,9 @@ def _geometric_mean(values: pd.Series) -> float:
 
 
 def group_summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per release group from the per-task rows of stages/noise_scale.py, with log10(T / T*) against the
-    backbone's best non-private group (NaN where no non-private group ran)."""
+    """One row per release group and seed from the per-task rows of stages/noise_scale.py, with log10(T / T*)
+    against the backbone's non-private setting of largest mean gain over seeds (NaN where no non-private group
+    ran) and the setting's name (`setting`: the same for every method, so settings pair across methods)."""
     records = []
     for key, group in rows.groupby(GROUP, sort=True):
         record = dict(zip(GROUP, key))
@@ -56,14 +62,67 @@ def group_summary(rows: pd.DataFrame) -> pd.DataFrame:
         record["merge_gain"] = float((group["merged_score"] - group["individual_score"]).mean())
         records.append(record)
     summary = pd.DataFrame(records)
+    summary["setting"] = _setting_names(summary)
     summary["optimum_noise_scale"] = math.nan
     for backbone, group in summary.groupby("backbone"):
         reference = group[group["method"] == "nonprivate"]
         if len(reference):
-            best = reference.loc[reference["merge_gain"].idxmax(), "noise_scale"]
+            means = reference.groupby("setting").agg(gain=("merge_gain", "mean"), noise_scale=("noise_scale",
+                                                                                             _geometric_mean))
+            best = means.loc[means["gain"].idxmax(), "noise_scale"]
             summary.loc[summary["backbone"] == backbone, "optimum_noise_scale"] = best
     summary["log10_from_optimum"] = np.log10(summary["noise_scale"] / summary["optimum_noise_scale"])
     return summary.sort_values(["backbone", "noise_scale"], ignore_index=True)
+
+
+def _setting_names(summary: pd.DataFrame) -> list[str]:
+    """A learning rate as a multiple of the method's configured one (methods have their own lr), the other
+    settings by their value."""
+    centre_lr = summary[summary["sweep"] == "centre"].groupby(["backbone", "method"])["lr"].first()
+    names = []
+    for _, row in summary.iterrows():
+        if row["sweep"] == "lr" and (row["backbone"], row["method"]) in centre_lr.index:
+            names.append(f"lr × {row['lr'] / centre_lr[(row['backbone'], row['method'])]:.3g}")
+        else:
+            names.append(setting_text(row))
+    return names
+
+
+def t_interval(values) -> tuple[float, float, float]:
+    """Mean of `values` and its two-sided 95 % Student-t interval (NaN bounds below two values)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return math.nan, math.nan, math.nan
+    mean = float(values.mean())
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    from scipy.stats import t
+
+    half = float(t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    return mean, mean - half, mean + half
+
+
+def setting_summary(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting (release group over its seeds): T and its pieces as geometric means, the measures of
+    WITH_INTERVALS as means with 95 % t-intervals over seeds (columns <name>_low, <name>_high), the rest means."""
+    records = []
+    for key, group in per_seed.groupby(SETTING + ["setting"], sort=True):
+        record = dict(zip(SETTING + ["setting"], key))
+        record["seeds"] = int(group["seed"].nunique())
+        for name in group.columns:
+            if name in record or name == "seed" or not pd.api.types.is_numeric_dtype(group[name]):
+                continue
+            if name in WITH_INTERVALS:
+                record[name], record[f"{name}_low"], record[f"{name}_high"] = t_interval(group[name])
+            elif name.startswith("noise_scale") or name in ("effective_lr", "s_dp", "s_sample",
+                                                              "optimum_noise_scale"):
+                record[name] = (_geometric_mean(group[name]) if (group[name] > 0).all()
+                                else float(group[name].mean()))
+            else:
+                record[name] = float(group[name].mean())
+        records.append(record)
+    return pd.DataFrame(records).sort_values(["backbone", "noise_scale"], ignore_index=True)
 
 
 def setting_text(row) -> str:
@@ -78,8 +137,9 @@ def setting_text(row) -> str:
 
 
 def _cell(column: str, row) -> str:
-    if column == "setting":
-        return setting_text(row)
+    if column == "merge_gain_interval":
+        low, high = row.get("merge_gain_low", math.nan), row.get("merge_gain_high", math.nan)
+        return "--" if math.isnan(low) else f"[{low:+.1f}, {high:+.1f}]"
     value = row[column]
     if column == "method":
         return METHOD_LABELS.get(value, value)
@@ -99,22 +159,26 @@ def _cell(column: str, row) -> str:
         return f"{value:+.2f}"
     if column == "merge_gain":
         return f"{value:+.1f}"
+    if column == "seeds":
+        return f"{value:d}"
     return f"{value:.1f}"
 
 
-def write_noise_table(summary: pd.DataFrame, prefix: str) -> None:
+def write_noise_table(settings: pd.DataFrame, prefix: str) -> None:
+    """The table of `setting_summary` rows."""
     caption = ("Effective noise scale T = lr x D x s^2 / sqrt(g^2 + s^2), s^2 = s_sample^2 + s_dp^2, of each release "
-               "group (geometric mean over tasks; s_dp = sigma C / B is DP's injected noise, g the mean gradient, D "
-               "AdamW's decay growth) beside its merge success: the merged score minus each task model's own "
-               "(mean over tasks, score points) and the loss barrier to the weight average; T* is the backbone's "
-               "non-private group of largest gain.")
+               "group (geometric mean over tasks and seeds; s_dp = sigma C / B is DP's injected noise, g the mean "
+               "gradient, D AdamW's decay growth) beside its merge success: the merged score minus each task "
+               "model's own (mean over tasks and seeds, score points, with its 95 % t-interval over seeds) and the "
+               "loss barrier to the weight average; T* is the backbone's non-private setting of largest mean gain.")
+    summary = settings
     write_small_table(summary, prefix, caption, HEADERS, _cell, text_columns=4)
 
 
 def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
     """Per backbone: the merge's gain over the task models (top) and barrier (bottom) against T, log scale; one
     colour per method, one marker per varied hyperparameter, each sweep's points joined through the configured
-    run."""
+    run; with `setting_summary` rows, bars are 95 % intervals over seeds."""
     from dpmerge.report.figures import _pyplot, _save_all
 
     plt = _pyplot()
@@ -138,6 +202,11 @@ def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
                     if not len(points):
                         continue
                     ax.plot(points["noise_scale"], points[measure], color=colour, alpha=0.35, linewidth=1)
+                    if f"{measure}_low" in points and points[f"{measure}_low"].notna().any():
+                        spread = [points[measure] - points[f"{measure}_low"],
+                                  points[f"{measure}_high"] - points[measure]]
+                        ax.errorbar(points["noise_scale"], points[measure], yerr=np.nan_to_num(spread), fmt="none",
+                                    ecolor=colour, alpha=0.5, linewidth=1, capsize=2)
                     ax.scatter(points["noise_scale"], points[measure], color=colour, marker=markers[sweep], s=36,
                                zorder=3, label=(f"{METHOD_LABELS.get(method, method)}: {SWEEP_NAMES[sweep]}"
                                                 if row_index == 0 else None))

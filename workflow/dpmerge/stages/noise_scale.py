@@ -131,14 +131,19 @@ def noise_scale(*, backbone_spec: dict, base: str, task_vectors: list[str], head
 
 
 def noise_report(*, rows: list[str], out_prefix: str, figure: list[str]) -> None:
-    """The effective-noise table (PREFIX.parquet, .md, .tex) and figure from every group's `noise_scale` rows."""
+    """The effective-noise table (PREFIX.parquet, .md, .tex: one row per setting over its seeds), its readings
+    (PREFIX_readings.*: report/noise_readings.py) and figure from every group's `noise_scale` rows."""
     import pandas as pd
 
-    from dpmerge.report.noise_scale import group_summary, plot_noise_scale, write_noise_table
+    from dpmerge.report.noise_readings import noise_readings, write_readings_table
+    from dpmerge.report.noise_scale import group_summary, plot_noise_scale, setting_summary, write_noise_table
 
     if not rows:
         raise ValueError("no noise-scale rows given")
-    summary = group_summary(pd.concat([pd.read_parquet(path) for path in rows], ignore_index=True))
-    write_noise_table(summary, out_prefix)
-    plot_noise_scale(summary, figure)
-    log(f"[noise-report] {len(summary)} release groups -> {out_prefix}.md")
+    per_seed = group_summary(pd.concat([pd.read_parquet(path) for path in rows], ignore_index=True))
+    settings = setting_summary(per_seed)
+    write_noise_table(settings, out_prefix)
+    write_readings_table(noise_readings(per_seed), f"{out_prefix}_readings")
+    plot_noise_scale(settings, figure)
+    log(f"[noise-report] {len(per_seed)} release groups, {len(settings)} settings -> {out_prefix}.md, "
+        f"{out_prefix}_readings.md")
