@@ -76,9 +76,21 @@ def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
 # ---- Task singular vectors (TSV-M) and isotropic merging (Iso-C, Iso-CTS)
 
 
+def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch.linalg.svd(matrix, full_matrices=False), from the transpose where the matrix is wider than tall.
+    On CPU, torch's divide-and-conquer SVD of a wide matrix is several times slower than of its transpose
+    (bench/spectral_compute.py: ViT's fc2, 768 x 3072); the factors are the same up to the sign of each
+    singular pair, which none of TSV-M, Iso-C or Iso-CTS depends on (DTS quantizes the factors themselves, so
+    it keeps torch's own signs)."""
+    if matrix.shape[0] >= matrix.shape[1]:
+        return torch.linalg.svd(matrix, full_matrices=False)
+    v, s, uh = torch.linalg.svd(matrix.T, full_matrices=False)
+    return uh.T, s, v.T
+
+
 def _polar(matrix: torch.Tensor) -> torch.Tensor:
     """The orthogonal factor U V^T of matrix = U S V^T (closest matrix with orthonormal columns/rows)."""
-    u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+    u, _, vh = thin_svd(matrix)
     return u @ vh
 
 
@@ -98,7 +110,7 @@ def _tsvm_tensor(key, tensors, stats, scaling, include_conv, short_matrices):
     s_all = torch.zeros(width)
     vh_all = torch.zeros(width, in_dim)
     for i, matrix in enumerate(matrices):
-        u, s, vh = torch.linalg.svd(matrix.float(), full_matrices=False)
+        u, s, vh = thin_svd(matrix.float())
         u_all[:, i * rank:(i + 1) * rank] = u[:, :rank]
         s_all[i * rank:(i + 1) * rank] = s[:rank]
         vh_all[i * rank:(i + 1) * rank] = vh[:rank]
@@ -110,7 +122,7 @@ def _iso_c_tensor(key, tensors, stats, scaling, include_conv):
     summed = matrix_view(torch.stack(tensors).sum(0), include_conv)
     if summed is None:
         return scaling * mean_of(tensors)
-    u, s, vh = torch.linalg.svd(summed.float(), full_matrices=False)
+    u, s, vh = thin_svd(summed.float())
     merged = s.mean() * (u @ vh)  # the spectrum flattened to its mean: every direction equally scaled
     return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
@@ -126,12 +138,12 @@ def _iso_cts_tensor(key, tensors, stats, scaling, common_space_fraction, include
     common = int(width * common_space_fraction)
     common = width - round((width - common) / count) * count
     per_task = (width - common) // count
-    u, s, vh = torch.linalg.svd(torch.stack(matrices).sum(0), full_matrices=False)
+    u, s, vh = thin_svd(torch.stack(matrices).sum(0))
     u_common, s_common, vh_common = u[:, :common], s[:common], vh[:common]
     u_all, s_all, vh_all = torch.zeros_like(u), torch.zeros_like(s), torch.zeros_like(vh)
     for i, matrix in enumerate(matrices):
         specific = matrix - u_common @ (u_common.T @ matrix)  # task's part outside the common subspace
-        u_t, s_t, vh_t = torch.linalg.svd(specific, full_matrices=False)
+        u_t, s_t, vh_t = thin_svd(specific)
         u_all[:, i * per_task:(i + 1) * per_task] = u_t[:, :per_task]
         s_all[i * per_task:(i + 1) * per_task] = s_t[:per_task]
         vh_all[i * per_task:(i + 1) * per_task] = vh_t[:per_task]
