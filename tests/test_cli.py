@@ -61,7 +61,8 @@ def test_every_optional_flag_shows_its_default():
     assert not silent, silent
 
 
-@pytest.mark.parametrize("script", ["dp_step.py", "gpu_readiness.py", "merge_memory.py", "startup.py"])
+@pytest.mark.parametrize("script", ["dp_step.py", "gpu_readiness.py", "merge_memory.py", "spectral_compute.py",
+                                    "startup.py"])
 def test_every_benchmark_flag_shows_its_default(script):
     path = Path(__file__).parents[1] / "bench" / script
     result = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
