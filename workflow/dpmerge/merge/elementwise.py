@@ -125,13 +125,16 @@ def _ties_tensor(key, tensors, stats, density, scaling, merge_func, topk_scope, 
 
 
 def _dare_tensor(key, tensors, stats, drop_rate, scaling, seed):
-    kept = []
+    # One task's rescaled survivors at a time, added into the sum: stacking T of them held two more copies of
+    # the inputs at the streamed merge's peak (bench/merge_memory.py).
+    total = torch.zeros_like(tensors[0])
     for index, t in enumerate(tensors):
         # One generator per (seed, task, tensor name): the masks do not depend on the order tensors are read in.
         generator = torch.Generator().manual_seed(seed * 1_000_003 + index * 7919 + zlib.crc32(key.encode()))
         keep = torch.rand(t.shape, generator=generator) >= drop_rate
-        kept.append(torch.where(keep, t / (1.0 - drop_rate), torch.zeros_like(t)))
-    return scaling * torch.stack(kept).sum(0)
+        total.add_(torch.where(keep, t / (1.0 - drop_rate), 0.0))
+        del keep
+    return total.mul_(scaling)
 
 
 # ---- PCB-merging
