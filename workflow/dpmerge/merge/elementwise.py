@@ -153,6 +153,14 @@ def _pcb_task_balance(tensor: torch.Tensor, total: torch.Tensor, count: int, low
     return clamped, intra * torch.tanh(tensor * total)
 
 
+def _summed(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """sum_j tau_j added one task at a time: a stack of T tensors was the streamed merge's peak."""
+    total = tensors[0].clone()
+    for tensor in tensors[1:]:
+        total.add_(tensor)
+    return total
+
+
 def _normalised(values, low: float, high: float):
     """(v - min) / (max - min) with one task's bounds; 0 where they are equal (the reference divides by 0)."""
     if high > low:
@@ -174,7 +182,7 @@ def _pcb_statistics(source: VectorSource, ratio, scaling):
     def balance_scores():
         for key in source.keys():
             tensors = source.tensors(key)
-            total = torch.stack(tensors).sum(0)
+            total = _summed(tensors)
             yield (_pcb_task_balance(t, total, count, low[i], high[i])[1] for i, t in enumerate(tensors))
 
     score_ranks = [int(numel * (1 - ratio)), numel - 1]
@@ -184,7 +192,7 @@ def _pcb_statistics(source: VectorSource, ratio, scaling):
 
 def _pcb_tensor(key, tensors, stats, ratio, scaling):
     low, high, score_low, score_high = stats
-    total = torch.stack(tensors).sum(0)
+    total = _summed(tensors)
     numerator = torch.zeros_like(total)
     denominator = torch.zeros_like(total)
     for i, tensor in enumerate(tensors):
