@@ -154,6 +154,8 @@ def main() -> None:
     parser.add_argument("--reuse-inputs", action="store_true",
                         help="keep the task vectors and statistics an earlier run wrote to --workdir for the same "
                              "--tasks (writing them takes minutes)")
+    parser.add_argument("--modes", nargs="+", default=["stream", "in-memory"], choices=["stream", "in-memory"],
+                        help="which of the two ways to run each operator")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "OPERATOR", "HYPER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -191,7 +193,7 @@ def main() -> None:
         print(f"hyperparameters other than the defaults: {hyper}")
     print(f"{'operator':18s} {'mode':10s} {'seconds':>8s} {'peak RSS MiB':>13s} {'models':>7s} {'above bare':>11s}")
     for spec in args.operators or [*OPERATORS, "ties@difference", "dts@difference"]:
-        for mode in ("stream", "in-memory"):
+        for mode in args.modes:
             r = run(mode, spec)
             print(f"{spec:18s} {mode:10s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} "
                   f"{r['peak_mib'] / model_mib:7.2f} {(r['peak_mib'] - bare) / model_mib:11.2f}", flush=True)
