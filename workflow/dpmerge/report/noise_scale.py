@@ -219,7 +219,7 @@ def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
             ax.set_xscale("log")
             ax.set(ylabel=ylabel)
             if row_index == 0:
-                ax.set_title(f"{backbone} (dotted: T* of the best non-private group)")
+                ax.set_title(f"{backbone} (dotted: T* of the best non-private setting)")
             else:
                 ax.set_xlabel("effective noise scale T (log scale)")
     # one legend for every panel, below them, where it hides no point
