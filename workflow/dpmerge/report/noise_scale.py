@@ -160,7 +160,7 @@ def _cell(column: str, row) -> str:
     if column == "merge_gain":
         return f"{value:+.1f}"
     if column == "seeds":
-        return f"{value:d}"
+        return f"{int(value)}"
     return f"{value:.1f}"
 
 
@@ -171,8 +171,7 @@ def write_noise_table(settings: pd.DataFrame, prefix: str) -> None:
                "gradient, D AdamW's decay growth) beside its merge success: the merged score minus each task "
                "model's own (mean over tasks and seeds, score points, with its 95 % t-interval over seeds) and the "
                "loss barrier to the weight average; T* is the backbone's non-private setting of largest mean gain.")
-    summary = settings
-    write_small_table(summary, prefix, caption, HEADERS, _cell, text_columns=4)
+    write_small_table(settings, prefix, caption, HEADERS, _cell, text_columns=4)
 
 
 def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
