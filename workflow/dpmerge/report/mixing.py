@@ -22,6 +22,7 @@ import pandas as pd
 
 from dpmerge.report.labels import METHOD_LABELS
 from dpmerge.report.small_table import write_small_table
+from dpmerge.report.tables import t_interval
 
 COLUMNS = {"backbone": "backbone", "method": "method", "target_epsilon": "target eps", "release": "release",
            "mixture_epsilon": "eps (recomputed)", "components": "budgets mixed",
@@ -35,15 +36,6 @@ def merged_averages(scores: pd.DataFrame) -> pd.DataFrame:
     return (scores.groupby(["backbone", "method", "target_epsilon", "seed"], as_index=False)["score"].mean())
 
 
-def _interval(differences: np.ndarray) -> tuple[float, float]:
-    if len(differences) < 2:
-        return math.nan, math.nan
-    from scipy.stats import t
-
-    half = t.ppf(0.975, len(differences) - 1) * differences.std(ddof=1) / math.sqrt(len(differences))
-    return float(differences.mean() - half), float(differences.mean() + half)
-
-
 def _by_seed(averages: pd.DataFrame, backbone, method, target) -> pd.Series:
     chosen = averages[(averages["backbone"] == backbone) & (averages["method"] == method)
                       & np.isclose(averages["target_epsilon"], target)]
@@ -53,7 +45,7 @@ def _by_seed(averages: pd.DataFrame, backbone, method, target) -> pd.Series:
 def _paired(ours: pd.Series, theirs: pd.Series) -> tuple[float, float, float]:
     """mean of ours − theirs over the seeds both have, and its 95 % interval (NaN without two pairs)."""
     paired = (ours - theirs).dropna()
-    return (float(paired.mean()) if len(paired) else math.nan, *_interval(paired.to_numpy()))
+    return t_interval(paired.to_numpy())
 
 
 def mixing_summary(mixed: pd.DataFrame, trained: pd.DataFrame, mixtures: pd.DataFrame,

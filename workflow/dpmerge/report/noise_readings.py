@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from dpmerge.report.labels import METHOD_LABELS
-from dpmerge.report.noise_scale import t_interval
 from dpmerge.report.small_table import write_small_table
+from dpmerge.report.tables import t_interval
 
 HEADERS = {"backbone": "backbone", "reading": "reading", "subject": "compared", "setting": "setting",
            "estimate": "mean", "interval": "95 % interval", "seeds": "seeds"}

@@ -22,6 +22,7 @@ import pandas as pd
 
 from dpmerge.report.labels import METHOD_LABELS
 from dpmerge.report.small_table import write_small_table
+from dpmerge.report.tables import t_interval
 
 SETTING = ["backbone", "method", "label", "sweep", "target_epsilon"]
 GROUP = SETTING + ["seed"]
@@ -86,21 +87,6 @@ def _setting_names(summary: pd.DataFrame) -> list[str]:
         else:
             names.append(setting_text(row))
     return names
-
-
-def t_interval(values) -> tuple[float, float, float]:
-    """Mean of `values` and its two-sided 95 % Student-t interval (NaN bounds below two values)."""
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    if not len(values):
-        return math.nan, math.nan, math.nan
-    mean = float(values.mean())
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    from scipy.stats import t
-
-    half = float(t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
-    return mean, mean - half, mean + half
 
 
 def setting_summary(per_seed: pd.DataFrame) -> pd.DataFrame:

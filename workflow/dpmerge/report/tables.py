@@ -101,6 +101,21 @@ def _seed_name(seed) -> str:
     return str(seed)
 
 
+def t_interval(values) -> tuple[float, float, float]:
+    """Mean of `values` and its two-sided 95 % Student-t interval (NaN bounds below two values)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return math.nan, math.nan, math.nan
+    mean = float(values.mean())
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    from scipy.stats import t
+
+    half = float(t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    return mean, mean - half, mean + half
+
+
 def student_t_quantile(degrees_of_freedom: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """The two-sided `level` quantile of Student's t per cell (NaN below one degree of freedom)."""
     from scipy.stats import t as student_t
