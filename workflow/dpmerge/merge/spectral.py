@@ -78,8 +78,8 @@ def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
 
 def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """torch.linalg.svd(matrix, full_matrices=False), from the transpose where the matrix is wider than tall.
-    On CPU, torch's divide-and-conquer SVD of a wide matrix is several times slower than of its transpose
-    (bench/spectral_compute.py: ViT's fc2, 768 x 3072); the factors are the same up to the sign of each
+    On CPU, torch's divide-and-conquer SVD of a wide matrix (ViT's fc2, 768 x 3072) is slower than of its
+    transpose (bench/spectral_compute.py times the merges); the factors are the same up to the sign of each
     singular pair, which none of TSV-M, Iso-C or Iso-CTS depends on (DTS quantizes the factors themselves, so
     it keeps torch's own signs)."""
     if matrix.shape[0] >= matrix.shape[1]:
