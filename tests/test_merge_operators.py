@@ -111,8 +111,9 @@ def wudi_reference(matrices, iterations, lr):
     return tau.detach()
 
 
-def test_wudi_closed_form_steps_equal_autograd_on_the_loss():
-    matrices = [randn(7, 5, seed=s, scale=0.01) for s in range(3)]
+@pytest.mark.parametrize("shape", [(7, 5), (5, 9)])  # tall and wide: B is formed through the smaller Gram
+def test_wudi_closed_form_steps_equal_autograd_on_the_loss(shape):
+    matrices = [randn(*shape, seed=s, scale=0.01) for s in range(3)]
     merged, _ = wudi_solve(matrices, iterations=50, lr=1e-4)
     assert torch.allclose(merged, wudi_reference(matrices, 50, 1e-4), rtol=1e-4, atol=1e-7)
 
