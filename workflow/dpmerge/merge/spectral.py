@@ -59,10 +59,12 @@ def wudi_solve(matrices: list[torch.Tensor], iterations: int, lr: float):
     with torch.no_grad():
         for _ in range(iterations + 1):
             tau_a = tau @ a
-            losses.append(float((tau_a * tau).sum() - 2 * (tau * b).sum() + constant))
+            # inner products and an in-place gradient: no matrix-sized temporaries beyond tau A itself
+            flat = tau.reshape(-1)
+            losses.append(float(torch.dot(tau_a.reshape(-1), flat) - 2 * torch.dot(flat, b.reshape(-1)) + constant))
             if len(losses) > iterations:
                 break
-            tau.grad = 2 * (tau_a - b)
+            tau.grad = tau_a.sub_(b).mul_(2)
             optimizer.step()
     return tau.detach(), losses
 
