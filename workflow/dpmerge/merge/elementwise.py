@@ -30,7 +30,6 @@ from dpmerge.merge.order_statistics import (
     total_numel,
 )
 from dpmerge.merge.sources import VectorSource
-from dpmerge.runtime import release_freed_memory
 
 # ---- weight averaging and task arithmetic
 
@@ -185,8 +184,6 @@ def _pcb_statistics(source: VectorSource, ratio, scaling):
             tensors = source.tensors(key)
             total = _summed(tensors)
             yield (_pcb_task_balance(t, total, count, low[i], high[i])[1] for i, t in enumerate(tensors))
-            del tensors, total
-            release_freed_memory()  # as the writer does after each tensor: the scores' temporaries stay in the heap
 
     score_ranks = [int(numel * (1 - ratio)), numel - 1]
     score_bounds = streamed_order_statistics(balance_scores, [score_ranks] * count)
