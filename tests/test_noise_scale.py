@@ -203,7 +203,9 @@ def test_settings_average_seeds_and_the_readings_pair_them():
     assert settings.loc[("naive_dp", "lr × 4"), "merge_gain_high"] > settings.loc[("naive_dp", "lr × 4"),
                                                                                     "merge_gain"]
 
-    readings = noise_readings(per_seed).set_index(["reading", "subject", "setting"])
+    table = noise_readings(per_seed)  # columns in a fixed order: the Parquet is the same file every run
+    assert list(table.columns) == ["backbone", "reading", "subject", "setting", "estimate", "seeds", "low", "high"]
+    readings = table.set_index(["reading", "subject", "setting"])
     # (b) DP-Merging - DP: (3, 5, 7) at every setting, so 5 with the t-interval of those three values
     half = student_t.ppf(0.975, 2) * np.std([3.0, 5.0, 7.0], ddof=1) / math.sqrt(3)
     for setting in ("as configured", "lr × 4", "eps 1", "mean over 3 settings"):

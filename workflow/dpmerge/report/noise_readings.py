@@ -93,7 +93,7 @@ def noise_readings(per_seed: pd.DataFrame, private_pair: tuple[str, str] = ("dp_
             rows += [_row(backbone, "exploratory: merged − own, setting − configured", _label(method), setting,
                           (gains.loc[setting] - gains.loc["as configured"]).to_numpy())
                      for setting in gains.index if setting != "as configured"]
-    return pd.DataFrame(rows, columns=list(HEADERS.keys() - {"interval"}) + ["low", "high"])
+    return pd.DataFrame(rows, columns=[c for c in HEADERS if c != "interval"] + ["low", "high"])
 
 
 def _cell(column: str, row) -> str:
