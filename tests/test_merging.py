@@ -89,6 +89,20 @@ def test_mismatched_task_vectors_are_refused():
         weight_averaging([])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_finiteness_check_finds_every_nan_and_inf_and_no_finite_value(dtype):
+    from dpmerge.merge.sources import _all_finite
+
+    big = float(torch.finfo(dtype).max) / 2  # finite, but its square overflows the sum of squares
+    for values, finite in (([1.0, -2.0, 0.0], True), ([big, -big, 1.0], True), ([], True),
+                           ([1.0, float("nan"), 2.0], False), ([float("inf"), 1.0], False),
+                           ([1.0, float("-inf")], False), ([float("inf"), float("-inf")], False)):
+        assert _all_finite(torch.tensor(values, dtype=dtype)) is finite, (values, dtype)
+    strided = torch.ones(6, 4, dtype=dtype)
+    strided[5, 0] = float("nan")
+    assert _all_finite(strided.T) is False and _all_finite(strided[:5].T) is True
+
+
 # PCB is elementwise too, but clamps each task's top 0.01 % of magnitudes, so it is not a multiple.
 ELEMENTWISE = ["weight_averaging", "task_arithmetic", "ties", "dare", "consensus_ta"]
 

@@ -21,6 +21,7 @@ import zlib
 
 import torch
 
+from dpmerge.merge.matrices import sum_of
 from dpmerge.merge.order_statistics import (
     fixed_threshold,
     streamed_order_statistics,
@@ -39,7 +40,7 @@ def _weight_averaging_tensor(key, tensors, stats):
 
 
 def _task_arithmetic_tensor(key, tensors, stats, scaling):
-    return scaling * torch.stack(tensors).sum(0)
+    return scaling * sum_of(tensors)
 
 
 # ---- TIES-merging

@@ -28,3 +28,12 @@ def matrix_view(tensor: torch.Tensor, include_conv: bool) -> torch.Tensor | None
 def mean_of(tensors):
     """What a matrix-shaped rule does with a tensor that is not a matrix: the plain average."""
     return torch.stack(tensors).mean(0)
+
+
+def sum_of(tensors):
+    """The tensors' sum, added one at a time into a copy of the first: bit for bit torch.stack(tensors).sum(0),
+    without the stack's T-fold copy (450 MB for 8 vectors of two ViT-B blocks)."""
+    total = tensors[0].clone()
+    for tensor in tensors[1:]:
+        total.add_(tensor)
+    return total

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from dpmerge.merge.matrices import matrix_view
+from dpmerge.merge.matrices import matrix_view, sum_of
 from dpmerge.merge.sources import VectorSource
 
 # ---- TALL masks: one per task (tall_masks), or their consensus (consensus_ta)
@@ -30,12 +30,12 @@ def tall_masks(tensors: list[torch.Tensor], tall_mask_lambda: float, summed: tor
     """TALL masks (Wang et al., 2024), one per task, made lazily: entry j matters to task t if
     |tau_t| > lambda |tau_MTL - tau_t|, with tau_MTL = sum_t tau_t, i.e. the task's own update outweighs what the
     multi-task vector adds on top of it."""
-    summed = torch.stack(tensors).sum(0) if summed is None else summed
+    summed = sum_of(tensors) if summed is None else summed
     return (t.abs() > tall_mask_lambda * (summed - t).abs() for t in tensors)
 
 
 def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreement):
-    summed = torch.stack(tensors).sum(0)
+    summed = sum_of(tensors)
     agreement = torch.zeros(summed.shape, dtype=torch.int32)
     for mask in tall_masks(tensors, tall_mask_lambda, summed):  # one task's temporaries at a time
         agreement += mask
@@ -43,7 +43,7 @@ def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreem
 
 
 def _tall_tensor(key, tensors, stats, tall_mask_lambda):
-    summed = torch.stack(tensors).sum(0)
+    summed = sum_of(tensors)
     return summed, [{"mask": m.to(torch.uint8)} for m in tall_masks(tensors, tall_mask_lambda, summed)]
 
 
@@ -81,7 +81,7 @@ def _emr_unified(tensors, zero_sign):
     M_t = (tau_t * tau_uni > 0). Where the sum is exactly 0 the elected sign is 0 (`none`, the paper's
     sgn(sum): nothing kept there) or, as the EMR code's (sum > 0) * 2 - 1, negative (`negative`: the largest
     negative entry kept)."""
-    summed = torch.stack(tensors).sum(0)
+    summed = sum_of(tensors)
     if zero_sign == "negative":
         sign = torch.where(summed > 0, 1.0, -1.0).to(summed.dtype)
     else:

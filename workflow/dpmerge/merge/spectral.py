@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from dpmerge.merge.matrices import matrix_view, mean_of
+from dpmerge.merge.matrices import matrix_view, mean_of, sum_of
+from dpmerge.merge.singular import polar, polar_and_spectrum, top_singular
 
 # ---- WUDI-merging
 
@@ -80,24 +81,6 @@ def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
 # ---- Task singular vectors (TSV-M) and isotropic merging (Iso-C, Iso-CTS)
 
 
-def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """torch.linalg.svd(matrix, full_matrices=False), from the transpose where the matrix is wider than tall.
-    On CPU, torch's divide-and-conquer SVD of a wide matrix (ViT's fc2, 768 x 3072) is slower than of its
-    transpose (bench/spectral_compute.py times the merges); the factors are the same up to the sign of each
-    singular pair, which none of TSV-M, Iso-C or Iso-CTS depends on (DTS quantizes the factors themselves, so
-    it keeps torch's own signs)."""
-    if matrix.shape[0] >= matrix.shape[1]:
-        return torch.linalg.svd(matrix, full_matrices=False)
-    v, s, uh = torch.linalg.svd(matrix.T, full_matrices=False)
-    return uh.T, s, v.T
-
-
-def _polar(matrix: torch.Tensor) -> torch.Tensor:
-    """The orthogonal factor U V^T of matrix = U S V^T (closest matrix with orthonormal columns/rows)."""
-    u, _, vh = thin_svd(matrix)
-    return u @ vh
-
-
 def _tsvm_tensor(key, tensors, stats, scaling, include_conv, short_matrices):
     matrices = [matrix_view(t, include_conv) for t in tensors]
     if matrices[0] is None:
@@ -109,25 +92,27 @@ def _tsvm_tensor(key, tensors, stats, scaling, include_conv, short_matrices):
             return torch.zeros_like(tensors[0])
         return scaling * mean_of(tensors)
     out_dim, in_dim = matrices[0].shape
-    width = min(out_dim, in_dim)
-    u_all = torch.zeros(out_dim, width)
-    s_all = torch.zeros(width)
-    vh_all = torch.zeros(width, in_dim)
+    # Only count * rank directions are kept; the reference's zero columns up to min(out, in) carry a zero
+    # singular value, so its result is the same without them (and the Gram of the kept ones is invertible).
+    kept = count * rank
+    u_all = torch.zeros(out_dim, kept)
+    s_all = torch.zeros(kept)
+    vh_all = torch.zeros(kept, in_dim)
     for i, matrix in enumerate(matrices):
-        u, s, vh = thin_svd(matrix.float())
-        u_all[:, i * rank:(i + 1) * rank] = u[:, :rank]
-        s_all[i * rank:(i + 1) * rank] = s[:rank]
-        vh_all[i * rank:(i + 1) * rank] = vh[:rank]
-    merged = _polar(u_all) @ torch.diag(s_all) @ _polar(vh_all)
+        u, s, vh = top_singular(matrix.float(), rank)
+        u_all[:, i * rank:(i + 1) * rank] = u
+        s_all[i * rank:(i + 1) * rank] = s
+        vh_all[i * rank:(i + 1) * rank] = vh
+    merged = (polar(u_all) * s_all) @ polar(vh_all)
     return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
 
 def _iso_c_tensor(key, tensors, stats, scaling, include_conv):
-    summed = matrix_view(torch.stack(tensors).sum(0), include_conv)
+    summed = matrix_view(sum_of(tensors), include_conv)
     if summed is None:
         return scaling * mean_of(tensors)
-    u, s, vh = thin_svd(summed.float())
-    merged = s.mean() * (u @ vh)  # the spectrum flattened to its mean: every direction equally scaled
+    orthogonal, s = polar_and_spectrum(summed.float())
+    merged = s.mean() * orthogonal  # the spectrum flattened to its mean: every direction equally scaled
     return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
 
@@ -142,20 +127,20 @@ def _iso_cts_tensor(key, tensors, stats, scaling, common_space_fraction, include
     common = int(width * common_space_fraction)
     common = width - round((width - common) / count) * count
     per_task = (width - common) // count
-    u, s, vh = thin_svd(torch.stack(matrices).sum(0))
-    u_common, s_common, vh_common = u[:, :common], s[:common], vh[:common]
-    u_all, s_all, vh_all = torch.zeros_like(u), torch.zeros_like(s), torch.zeros_like(vh)
+    out_dim, in_dim = matrices[0].shape
+    u_common, s_common, vh_common = top_singular(sum_of(matrices), common)
+    u_all, s_all, vh_all = torch.zeros(out_dim, width), torch.zeros(width), torch.zeros(width, in_dim)
     for i, matrix in enumerate(matrices):
         specific = matrix - u_common @ (u_common.T @ matrix)  # task's part outside the common subspace
-        u_t, s_t, vh_t = thin_svd(specific)
-        u_all[:, i * per_task:(i + 1) * per_task] = u_t[:, :per_task]
-        s_all[i * per_task:(i + 1) * per_task] = s_t[:per_task]
-        vh_all[i * per_task:(i + 1) * per_task] = vh_t[:per_task]
+        u_t, s_t, vh_t = top_singular(specific, per_task)
+        u_all[:, i * per_task:(i + 1) * per_task] = u_t
+        s_all[i * per_task:(i + 1) * per_task] = s_t
+        vh_all[i * per_task:(i + 1) * per_task] = vh_t
     start = count * per_task
     u_all[:, start:start + common] = u_common
     s_all[start:start + common] = s_common
     vh_all[start:start + common] = vh_common
-    merged = s_all.mean() * (_polar(u_all) @ _polar(vh_all))
+    merged = s_all.mean() * (polar(u_all) @ polar(vh_all))
     return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
 
 
