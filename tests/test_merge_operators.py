@@ -118,6 +118,21 @@ def test_wudi_closed_form_steps_equal_autograd_on_the_loss(shape):
     assert torch.allclose(merged, wudi_reference(matrices, 50, 1e-4), rtol=1e-4, atol=1e-7)
 
 
+def test_wudis_adam_step_is_torch_optims_to_the_bit():
+    from dpmerge.merge.spectral import _adam_step
+
+    parameter = torch.nn.Parameter(randn(6, 4, seed=1))
+    optimizer = torch.optim.Adam([parameter], lr=3e-3, weight_decay=0)
+    ours = parameter.detach().clone()
+    exp_avg, exp_avg_sq = torch.zeros_like(ours), torch.zeros_like(ours)
+    for step in range(1, 8):
+        grad = randn(6, 4, seed=10 + step)
+        parameter.grad = grad.clone()
+        optimizer.step()
+        _adam_step(ours, grad, exp_avg, exp_avg_sq, step, 3e-3)
+        assert torch.equal(ours, parameter.detach()), step
+
+
 def test_wudi_loss_starts_at_the_sum_and_decreases():
     matrices = [randn(12, 9, seed=s) for s in range(4)]
     _, losses = wudi_solve(matrices, iterations=200, lr=1e-2)

@@ -103,6 +103,24 @@ def test_the_finiteness_check_finds_every_nan_and_inf_and_no_finite_value(dtype)
     assert _all_finite(strided.T) is False and _all_finite(strided[:5].T) is True
 
 
+@pytest.mark.parametrize("operator", ["pcb", "wudi", "regmean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rules_that_free_each_task_tensor_leave_the_callers_vectors_alone(operator, dtype):
+    """PCB, WUDI and RegMean empty the list of task tensors they are handed as they go (merge.sources.consume)
+    and RegMean works in float64: none of it may reach the caller's tensors."""
+    from dpmerge.merge.sources import consume
+
+    generator = torch.Generator().manual_seed(3)
+    vectors = [{"w": torch.randn(6, 4, generator=generator, dtype=dtype)} for _ in range(3)]
+    grams = [{"w": (lambda x: x.T @ x)(torch.randn(9, 4, generator=generator, dtype=dtype))} for _ in range(3)]
+    before = [{k: v.clone() for k, v in vector.items()} for vector in vectors]
+    merged = merge(operator, vectors, statistics=grams if operator == "regmean" else None)
+    assert torch.isfinite(merged["w"]).all()
+    assert all(torch.equal(v["w"], b["w"]) for v, b in zip(vectors, before))
+    handed = [torch.ones(1), torch.zeros(1)]
+    assert [float(t) for t in consume(handed)] == [1.0, 0.0] and handed == [None, None]
+
+
 # PCB is elementwise too, but clamps each task's top 0.01 % of magnitudes, so it is not a multiple.
 ELEMENTWISE = ["weight_averaging", "task_arithmetic", "ties", "dare", "consensus_ta"]
 

@@ -30,7 +30,7 @@ from dpmerge.merge.order_statistics import (
     top_magnitude_threshold,
     total_numel,
 )
-from dpmerge.merge.sources import VectorSource
+from dpmerge.merge.sources import VectorSource, consume
 
 # ---- weight averaging and task arithmetic
 
@@ -146,26 +146,22 @@ _PCB_OUTLIER_FRACTION = 1e-4  # the reference code clamps |tau| to its [1e-4, 1 
 
 def _pcb_task_balance(tensor: torch.Tensor, total: torch.Tensor, count: int, low: float, high: float):
     """One task's clamped vector and balance scores: intra-balance exp(T * normalised |tau|^2) times
-    inter-balance tanh(tau_i * sum_j tau_j), as PCB_merge of the reference code (computed task by task so
-    memory holds one task's temporaries at a time)."""
-    magnitude = tensor.abs().clamp(low, high)
-    clamped = torch.sign(tensor) * magnitude
-    intra = torch.exp(count * _normalised(magnitude, low, high) ** 2)
-    return clamped, intra * torch.tanh(tensor * total)
-
-
-def _summed(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """sum_j tau_j added one task at a time: a stack of T tensors was the streamed merge's peak."""
-    total = tensors[0].clone()
-    for tensor in tensors[1:]:
-        total.add_(tensor)
-    return total
+    inter-balance tanh(tau_i * sum_j tau_j), as PCB_merge of the reference code (computed task by task, and in
+    place where the reference makes a new tensor per operation, so memory holds four of one task's temporaries;
+    the values are the same to the bit)."""
+    magnitude = tensor.abs().clamp_(low, high)
+    clamped = torch.sign(tensor).mul_(magnitude)
+    intra = _normalised(magnitude, low, high)
+    del magnitude
+    intra.pow_(2).mul_(count).exp_()
+    return clamped, intra.mul_(torch.mul(tensor, total).tanh_())
 
 
 def _normalised(values, low: float, high: float):
-    """(v - min) / (max - min) with one task's bounds; 0 where they are equal (the reference divides by 0)."""
+    """(v - min) / (max - min) with one task's bounds, as a new tensor; 0 where they are equal (the reference
+    divides by 0)."""
     if high > low:
-        return (values - low) / (high - low)
+        return (values - low).div_(high - low)
     return torch.zeros_like(values)
 
 
@@ -183,8 +179,8 @@ def _pcb_statistics(source: VectorSource, ratio, scaling):
     def balance_scores():
         for key in source.keys():
             tensors = source.tensors(key)
-            total = _summed(tensors)
-            yield (_pcb_task_balance(t, total, count, low[i], high[i])[1] for i, t in enumerate(tensors))
+            total = sum_of(tensors)
+            yield (_pcb_task_balance(t, total, count, low[i], high[i])[1] for i, t in enumerate(consume(tensors)))
 
     score_ranks = [int(numel * (1 - ratio)), numel - 1]
     score_bounds = streamed_order_statistics(balance_scores, [score_ranks] * count)
@@ -193,14 +189,18 @@ def _pcb_statistics(source: VectorSource, ratio, scaling):
 
 def _pcb_tensor(key, tensors, stats, ratio, scaling):
     low, high, score_low, score_high = stats
-    total = _summed(tensors)
+    total = sum_of(tensors)
     numerator = torch.zeros_like(total)
     denominator = torch.zeros_like(total)
-    for i, tensor in enumerate(tensors):
-        clamped, scores = _pcb_task_balance(tensor, total, len(tensors), low[i], high[i])
-        weight = _normalised(scores.clamp(score_low[i], score_high[i]), score_low[i], score_high[i])
-        numerator += clamped * weight
+    count = len(tensors)
+    for i, tensor in enumerate(consume(tensors)):  # each task's tensor freed after its turn
+        clamped, scores = _pcb_task_balance(tensor, total, count, low[i], high[i])
+        del tensor
+        weight = _normalised(scores.clamp_(score_low[i], score_high[i]), score_low[i], score_high[i])
+        del scores
+        numerator += clamped.mul_(weight)
         denominator += weight
+        del clamped, weight
     return scaling * numerator / denominator.clamp(min=1e-12)
 
 

@@ -45,6 +45,15 @@ class VectorSource:
         return {key: self.tensor(index, key) for key in self.keys()}
 
 
+def consume(tensors: list[torch.Tensor]):
+    """Each tensor of the list in order, its slot emptied as it is handed out. A per-tensor merge rule gets a
+    fresh list from VectorSource.tensors; where it needs each task's tensor once, the list then stops holding
+    the tasks already used, and a streamed merge holds fewer than T of them."""
+    for index in range(len(tensors)):
+        tensor, tensors[index] = tensors[index], None
+        yield tensor
+
+
 class StatisticsSource:
     """Per-task statistics keyed like the task vectors' tensors (a subset of them), read one key at a time."""
 

@@ -20,29 +20,36 @@ import torch
 
 from dpmerge.merge.matrices import matrix_view, mean_of, sum_of
 from dpmerge.merge.singular import polar, polar_and_spectrum, top_singular
+from dpmerge.merge.sources import consume
 
 # ---- WUDI-merging
 
 
-def wudi_solve(matrices: list[torch.Tensor], iterations: int, lr: float):
+def wudi_solve(matrices, iterations: int, lr: float):
     """min_tau sum_i ||(tau - tau_i) tau_i^T||_F^2 / ||tau_i||_F^2 by Adam from tau = sum_i tau_i.
 
     Returns (tau, losses) with the loss before every step and after the last. The gradient is computed in
     closed form, 2 (tau A - B) with A = sum_i tau_i^T tau_i / ||tau_i||^2 and B = sum_i tau_i tau_i^T tau_i /
     ||tau_i||^2 formed once, so a step costs one (out x in) @ (in x in) product instead of T (out x in x out)
     products and their backward; the iterates equal autograd's on the same loss up to rounding (tested).
-    A task vector with zero norm contributes no term (the reference would divide by zero). Memory: the T
-    matrices (one tensor per task), A, B and Adam's two moments.
+    A task vector with zero norm contributes no term (the reference would divide by zero). `matrices` (any
+    iterable, e.g. merge.sources.consume) is read once, before the steps: memory is then A, B, tau and Adam's
+    two moments, whatever the task count.
     """
-    # A, B and the constant are accumulated one task at a time: T (in x in) Grams at once would be 8 x 38 MB
-    # for ViT-B/32's fc2, more than the task vectors themselves. A grows by addmm_ (no Gram, no scaled copy of
-    # it), and tau_i tau_i^T tau_i is formed through the smaller of the two Grams: for a wide matrix (a
+    # A, B, the constant and the start are accumulated one task at a time: T (in x in) Grams at once would be
+    # 8 x 38 MB for ViT-B/32's fc2, more than the task vectors themselves. A grows by addmm_ (no Gram, no scaled
+    # copy of it), and tau_i tau_i^T tau_i is formed through the smaller of the two Grams: for a wide matrix (a
     # convolution seen as 768 x 3072) the in x in one was two more 38 MB temporaries at the streamed peak.
-    out_dim, in_dim = matrices[0].shape
-    a = torch.zeros(in_dim, in_dim, dtype=matrices[0].dtype)
-    b = torch.zeros_like(matrices[0])
-    constant = torch.zeros((), dtype=matrices[0].dtype)
+    a = b = constant = start = None
     for matrix in matrices:
+        if start is None:
+            out_dim, in_dim = matrix.shape
+            a = torch.zeros(in_dim, in_dim, dtype=matrix.dtype)
+            b = torch.zeros_like(matrix)
+            constant = torch.zeros((), dtype=matrix.dtype)
+            start = matrix.clone()
+        else:
+            start.add_(matrix)
         norm = matrix.pow(2).sum()
         if norm == 0:
             continue
@@ -51,31 +58,40 @@ def wudi_solve(matrices: list[torch.Tensor], iterations: int, lr: float):
         b.add_(projected, alpha=float(1 / norm))
         constant += (projected * matrix).sum() / norm
         del projected
-    start = matrices[0].clone()
-    for matrix in matrices[1:]:
-        start.add_(matrix)
-    tau = torch.nn.Parameter(start)
-    optimizer = torch.optim.Adam([tau], lr=lr, weight_decay=0)
+    del matrix
+    tau = start
+    exp_avg, exp_avg_sq = torch.zeros_like(tau), torch.zeros_like(tau)
     losses = []
-    with torch.no_grad():
-        for _ in range(iterations + 1):
-            tau_a = tau @ a
-            # inner products and an in-place gradient: no matrix-sized temporaries beyond tau A itself
-            flat = tau.reshape(-1)
-            losses.append(float(torch.dot(tau_a.reshape(-1), flat) - 2 * torch.dot(flat, b.reshape(-1)) + constant))
-            if len(losses) > iterations:
-                break
-            tau.grad = tau_a.sub_(b).mul_(2)
-            optimizer.step()
-    return tau.detach(), losses
+    for step in range(1, iterations + 2):
+        tau_a = tau @ a
+        # inner products and an in-place gradient: no matrix-sized temporaries beyond tau A itself
+        flat = tau.reshape(-1)
+        losses.append(float(torch.dot(tau_a.reshape(-1), flat) - 2 * torch.dot(flat, b.reshape(-1)) + constant))
+        if len(losses) > iterations:
+            break
+        _adam_step(tau, tau_a.sub_(b).mul_(2), exp_avg, exp_avg_sq, step, lr)
+        del tau_a
+    return tau, losses
+
+
+def _adam_step(parameter, grad, exp_avg, exp_avg_sq, step: int, lr: float, betas=(0.9, 0.999), eps=1e-8):
+    """One step of torch.optim.Adam (no weight decay, no AMSGrad), as its single-tensor CPU code computes it, so
+    the iterates are torch's to the bit (tested). torch.optim's first step imports torch._dynamo and SymPy,
+    67 MB resident for the rest of a merge (WUDI's streamed peak was 1.64 x one model)."""
+    beta1, beta2 = betas
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    step_size = lr / (1 - beta1**step)
+    denominator = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+    parameter.addcdiv_(exp_avg, denominator, value=-step_size)
 
 
 def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
-    matrices = [matrix_view(t, include_conv) for t in tensors]
-    if matrices[0] is None:
+    if matrix_view(tensors[0], include_conv) is None:
         return scaling * mean_of(tensors)
-    merged, _ = wudi_solve([m.float() for m in matrices], iterations, lr)
-    return scaling * merged.reshape(tensors[0].shape).to(tensors[0].dtype)
+    shape, dtype = tensors[0].shape, tensors[0].dtype
+    merged, _ = wudi_solve((matrix_view(t, include_conv).float() for t in consume(tensors)), iterations, lr)
+    return scaling * merged.reshape(shape).to(dtype)
 
 
 # ---- Task singular vectors (TSV-M) and isotropic merging (Iso-C, Iso-CTS)
