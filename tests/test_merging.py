@@ -91,7 +91,7 @@ def test_mismatched_task_vectors_are_refused():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_the_finiteness_check_finds_every_nan_and_inf_and_no_finite_value(dtype):
-    from dpmerge.merge.sources import _all_finite
+    from dpmerge.artifacts import all_finite as _all_finite
 
     big = float(torch.finfo(dtype).max) / 2  # finite, but its square overflows the sum of squares
     for values, finite in (([1.0, -2.0, 0.0], True), ([big, -big, 1.0], True), ([], True),

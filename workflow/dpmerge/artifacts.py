@@ -272,6 +272,17 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def all_finite(value: torch.Tensor) -> bool:
+    # A NaN or Inf anywhere makes the sum of squares NaN or Inf, so a finite one clears the tensor in one BLAS
+    # pass (a quarter of isfinite().all()'s time, which was a sixth of Iso-C's merge); only where it is not finite (a
+    # NaN, an Inf, or squares that overflow) does each entry need looking at.
+    if value.dtype in (torch.float32, torch.float64):
+        flat = value.reshape(-1)
+        if bool(torch.isfinite(torch.dot(flat, flat))):
+            return True
+    return bool(torch.isfinite(value).all())
+
+
 def file_tensors_sha256(path: str | Path, *, finite: bool = False) -> str:
     """tensors_sha256 of a safetensors file's tensors, read one tensor at a time (for streaming merges).
 
@@ -280,7 +291,7 @@ def file_tensors_sha256(path: str | Path, *, finite: bool = False) -> str:
     file = SafetensorsFile(path)
     for key in file.keys():
         value = file.get_tensor(key)
-        if finite and value.is_floating_point() and not torch.isfinite(value).all():
+        if finite and value.is_floating_point() and not all_finite(value):
             raise SafetensorsFileError(f"{file.path}: tensor {key!r} contains NaN or Inf")
         _update_digest(digest, key, value)
         del value
