@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+", default=["functorch", "hooks", "bookkeeping", "opacus_ghost"],
                         help="per-example gradient strategies to time")
     parser.add_argument("--batch-size", type=int, default=16, help="examples per step")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per configuration, after one warm-up")
+    parser.add_argument("--repeats", type=int, default=10, help="timed rounds per configuration, after one warm-up")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="torch device (cuda: timed with synchronisation, peak "
                                                          "memory per step reported)")

@@ -189,8 +189,8 @@ def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tm
     assert honest["target_epsilon"] == 0.5 and honest["canaries"] == 2000
 
     class Silent:  # the noise stream of a broken implementation: sigma is recorded, nothing is added
-        def normal(self, shape, dtype=torch.float32, device=None):
-            return torch.zeros(shape, dtype=dtype)
+        def add_normal_(self, tensors, std):
+            pass
 
     real_stream = randomness.MechanismRandomness.stream
     monkeypatch.setattr(randomness.MechanismRandomness, "stream", lambda self, name, device="cpu": (

@@ -307,6 +307,34 @@ def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(to
         assert torch.equal(result.task_vector[key], reference.task_vector[key])
 
 
+def test_checkpoint_of_another_noise_layout_restarts_clean(toy_backbone, toy_data, tmp_path, monkeypatch):
+    """A checkpoint holds each generator's state; one written when the streams had another number of generators
+    (an older version) cannot resume them, and is named as such instead of failing on the state's shape."""
+    from dpmerge.privacy import randomness
+
+    features, labels = toy_data
+    config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2, seed=2,
+                            log_every=1)
+    reference = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    checkpoint = tmp_path / "run.ckpt"
+
+    def kill_at_step_5(message):
+        if "step 5/8" in message:
+            raise Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(randomness, "NOISE_GENERATORS", 1)
+        with pytest.raises(Killed):
+            finetune(toy_backbone, 3, features, labels, config, **keyed(), log=kill_at_step_5, checkpoint=checkpoint,
+                     checkpoint_every=2)
+    assert torch.load(checkpoint, weights_only=True)["noise"].dim() == 1  # one generator's state
+    messages = []
+    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint)
+    assert any("belongs to another run (differs in ['random_streams'])" in m for m in messages), messages
+    for key in reference.task_vector:
+        assert torch.equal(result.task_vector[key], reference.task_vector[key])
+
+
 def test_delta_up_to_one_over_n_is_accepted_and_above_it_refused(toy_backbone, toy_data):
     features, labels = toy_data
     for delta in (1 / 64, 1e-5):  # the default's 1/N, given explicitly, and a smaller one

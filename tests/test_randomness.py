@@ -18,7 +18,16 @@ import pytest
 import torch
 
 from conftest import TEST_STUDY_KEY, keyed
-from dpmerge.privacy.randomness import MechanismRandomness, SecureStream, _words_generator
+from dpmerge.privacy.randomness import (
+    MIN_PIECE,
+    NOISE_GENERATORS,
+    GeneratorStream,
+    MechanismRandomness,
+    SecureStream,
+    _cpu_generator,
+    _cpu_generators,
+    _words_generator,
+)
 from dpmerge.privacy.study_key import (
     StudyKeyError,
     default_key_path,
@@ -86,6 +95,57 @@ def test_the_keyed_cpu_generator_is_a_whole_mt19937_state_not_a_32_bit_seed():
     changed[623] ^= 1
     assert not torch.equal(torch.rand(700, generator=_words_generator(words)),
                            torch.rand(700, generator=_words_generator(changed)))
+
+
+@pytest.fixture
+def torch_threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_keyed_cpu_noise_is_cut_over_independent_generators_the_same_on_any_thread_count(torch_threads):
+    """Large draws are spread over NOISE_GENERATORS generators (drawn concurrently); what each piece holds is fixed
+    by the material and the draw sizes alone, checked here by drawing each piece by hand from its generator."""
+    material = derive(TEST_STUDY_KEY, {"mechanism": "finetune", "task": "digits"}, "gaussian_noise")
+    shapes = [(3, 5), (NOISE_GENERATORS * MIN_PIECE + 7,), (3 * MIN_PIECE,), (2 * MIN_PIECE - 1,)]
+    added = {}
+    for threads in (1, 2, 3):
+        torch_threads(threads)
+        tensors = [torch.full(shape, 0.5) for shape in shapes]
+        GeneratorStream(*_cpu_generators(material)).add_normal_(tensors, 2.0)
+        added[threads] = tensors
+    for tensors in added.values():
+        assert all(torch.equal(a, b) for a, b in zip(tensors, added[1]))
+
+    generators = _cpu_generators(material)
+    assert torch.equal(generators[0].get_state(), _cpu_generator(material).get_state())  # sampler streams unchanged
+    # each generator draws, in the tensors' order, its piece of every cut tensor; the first also every small one
+    expected = [0.5 + 2.0 * torch.randn((3, 5), generator=generators[0])]
+    for count in (NOISE_GENERATORS * MIN_PIECE + 7, 3 * MIN_PIECE):
+        cut = min(NOISE_GENERATORS, count // MIN_PIECE)
+        sizes = [len(piece) for piece in torch.empty(count).tensor_split(cut)]
+        expected.append(0.5 + 2.0 * torch.cat([torch.randn(size, generator=generators[index])
+                                               for index, size in enumerate(sizes)]))
+    expected.append(0.5 + 2.0 * torch.randn((2 * MIN_PIECE - 1,), generator=generators[0]))  # too small to cut
+    assert all(torch.equal(got.reshape(-1), want.reshape(-1)) for got, want in zip(added[1], expected))
+
+
+def test_cut_noise_is_standard_gaussian_with_uncorrelated_pieces_and_resumes_from_its_state():
+    stream = MechanismRandomness(TEST_STUDY_KEY, {"mechanism": "finetune"}).stream("gaussian_noise")
+    assert len(stream.generators) == NOISE_GENERATORS and stream.layout == f"torch-cpux{NOISE_GENERATORS}"
+    draw = stream.normal((NOISE_GENERATORS * MIN_PIECE * 4,))
+    assert abs(draw.mean().item()) < 0.005 and draw.std().item() == pytest.approx(1.0, abs=0.005)
+    assert abs(((draw / draw.std()) ** 4).mean().item() - 3.0) < 0.05
+    pieces = draw.view(NOISE_GENERATORS, -1)
+    correlations = torch.corrcoef(pieces)
+    assert (correlations - torch.eye(NOISE_GENERATORS)).abs().max() < 0.01  # no two generators repeat each other
+    state = stream.get_state()
+    ahead = stream.normal((3 * MIN_PIECE,))
+    stream.set_state(state)
+    assert torch.equal(stream.normal((3 * MIN_PIECE,)), ahead)
+    with pytest.raises(ValueError, match=f"state of shape \\({NOISE_GENERATORS}, bytes\\)"):
+        stream.set_state(_cpu_generator(b"x" * 32).get_state())  # a one-generator state from an older checkpoint
 
 
 def test_secure_stream_draws_standard_gaussians_and_resumes_from_its_state():

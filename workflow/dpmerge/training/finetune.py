@@ -309,6 +309,8 @@ def finetune(
             "config": asdict(config),
             # the same study key and mechanism identity, or the resumed streams would not be this run's
             "randomness": mechanism_fingerprint(study_key, mechanism),
+            # how the streams cut their draws over generators: a checkpoint from another layout cannot resume them
+            "random_streams": [sampler.layout, noise.layout],
             "num_examples": num_examples,
             "data_sha256": tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}}),
             "pretrained_sha256": backbone.checkpoint_sha256,
