@@ -12,8 +12,10 @@ per-example gradient strategy (persample.py: functorch, hooks, bookkeeping; plus
 clipping for comparison); and, with the backbone's chosen strategy, a dp_merging step (Eq. 4-7, two queries),
 a dp_sat_anchor step (DPSAT + anchor: the ascent from the previous step's privatized gradient, one query) and a
 naive_dp step whose noise comes from privacy.rng: secure (SHAKE-256, four Gaussian draws per coordinate)
-instead of the keyed torch generator. It prints median seconds and the ratios naive_dp/nonprivate per strategy,
-dp_merging/naive_dp, dp_sat_anchor/naive_dp and secure/keyed.
+instead of the keyed torch generator, and one whose keyed noise comes from a single generator (no draw cut over
+the stream's generators and threads, as before issue 22). It prints median seconds and the ratios
+naive_dp/nonprivate per strategy, dp_merging/naive_dp, dp_sat_anchor/naive_dp, secure/keyed and keyed/one
+generator.
 Targets: naive_dp <= 1.5x non-private with the chosen strategy, dp_merging <= 2.1x naive_dp (issue 3);
 dp_sat_anchor <= 1.1x naive_dp (issue 21: one query, plus a perturbation and a copy of the gradient).
 """
@@ -34,7 +36,7 @@ from dpmerge.cli_arguments import DescribedDefaultsShown
 from dpmerge.models.base import Backbone, TaskModel
 from dpmerge.models.reference_shapes import roberta_base_shaped, vit_b32_shaped
 from dpmerge.models.registry import load_backbone
-from dpmerge.privacy.randomness import MechanismRandomness
+from dpmerge.privacy.randomness import GeneratorStream, MechanismRandomness
 from dpmerge.training.dp_step import method_update, privatized_gradient
 from dpmerge.training.methods import METHODS
 from dpmerge.training.persample import clip_factors, make_clipper
@@ -153,6 +155,7 @@ def main() -> None:
               f"chosen strategy: {chosen}")
         keyed = MechanismRandomness(BENCH_KEY, {"bench": name}, "keyed").stream("gaussian_noise", device)
         secure = MechanismRandomness(BENCH_KEY, {"bench": name}, "secure").stream("gaussian_noise", device)
+        one_generator = GeneratorStream(keyed.generator)  # the stream's first generator alone: nothing cut
         for strategy in dict.fromkeys([chosen, *args.strategies]):
             clipper = (OpacusGhostClipper(model) if strategy == "opacus_ghost"
                        else make_clipper(model, strategy, autocast))
@@ -164,12 +167,17 @@ def main() -> None:
             def private_secure(f, y, clipper=clipper):
                 return private(f, y, clipper, secure)
 
+            def private_one_generator(f, y, clipper=clipper):
+                return private(f, y, clipper, one_generator)
+
             runs = {"nonprivate": ("nonprivate", nonprivate), "naive_dp": ("naive_dp", private)}
             if strategy == chosen:
                 runs["dp_merging"] = ("dp_merging", private)
                 runs["dp_sat_anchor"] = ("dp_sat_anchor", private)
                 if not args.no_secure:
                     runs["naive_dp_secure"] = ("naive_dp", private_secure)
+                if len(keyed.generators) > 1:
+                    runs["naive_dp_one_generator"] = ("naive_dp", private_one_generator)
             times = {label: [] for label in runs}
             peaks = {label: 0 for label in runs}
             memories = {label: {} for label in runs}  # DPSAT's previous gradient, carried across repeats
@@ -203,6 +211,10 @@ def main() -> None:
                 if "naive_dp_secure" in med:
                     line += (f"  secure {med['naive_dp_secure']:7.3f}s  "
                              f"secure/keyed {med['naive_dp_secure'] / med['naive_dp']:5.2f}")
+                if "naive_dp_one_generator" in med:
+                    line += (f"  one generator {med['naive_dp_one_generator']:7.3f}s  "
+                             f"keyed/one generator {med['naive_dp'] / med['naive_dp_one_generator']:5.2f}  "
+                             f"one generator/nonprivate {med['naive_dp_one_generator'] / med['nonprivate']:5.2f}")
             if cuda:
                 line += "  peak GiB " + " ".join(f"{label} {peak / 2**30:.2f}" for label, peak in peaks.items())
             print(line, flush=True)

@@ -7,6 +7,7 @@ candidate reproduces the release bit for bit (the attack has power), without it 
 
 import hashlib
 import json
+import math
 import multiprocessing
 import random
 import secrets
@@ -104,11 +105,24 @@ def torch_threads():
     torch.set_num_threads(before)
 
 
-def test_keyed_cpu_noise_is_cut_over_independent_generators_the_same_on_any_thread_count(torch_threads):
+def test_keyed_cpu_noise_is_cut_over_independent_generators_the_same_on_any_thread_count(torch_threads,
+                                                                                          monkeypatch):
     """Large draws are spread over NOISE_GENERATORS generators (drawn concurrently); what each piece holds is fixed
     by the material and the draw sizes alone, checked here by drawing each piece by hand from its generator."""
+    from dpmerge.privacy import randomness
+
     material = derive(TEST_STUDY_KEY, {"mechanism": "finetune", "task": "digits"}, "gaussian_noise")
     shapes = [(3, 5), (NOISE_GENERATORS * MIN_PIECE + 7,), (3 * MIN_PIECE,), (2 * MIN_PIECE - 1,)]
+    total = sum(math.prod(shape) for shape in shapes)
+
+    # below MIN_CUT_CALL in all (a top's step): nothing is cut, every draw comes from the first generator in order
+    monkeypatch.setattr(randomness, "MIN_CUT_CALL", total + 1)
+    tensors = [torch.full(shape, 0.5) for shape in shapes]
+    GeneratorStream(*_cpu_generators(material)).add_normal_(tensors, 2.0)
+    first = _cpu_generator(material)
+    assert all(torch.equal(t, 0.5 + 2.0 * torch.randn(t.shape, generator=first)) for t in tensors)
+
+    monkeypatch.setattr(randomness, "MIN_CUT_CALL", total)
     added = {}
     for threads in (1, 2, 3):
         torch_threads(threads)
@@ -131,7 +145,10 @@ def test_keyed_cpu_noise_is_cut_over_independent_generators_the_same_on_any_thre
     assert all(torch.equal(got.reshape(-1), want.reshape(-1)) for got, want in zip(added[1], expected))
 
 
-def test_cut_noise_is_standard_gaussian_with_uncorrelated_pieces_and_resumes_from_its_state():
+def test_cut_noise_is_standard_gaussian_with_uncorrelated_pieces_and_resumes_from_its_state(monkeypatch):
+    from dpmerge.privacy import randomness
+
+    monkeypatch.setattr(randomness, "MIN_CUT_CALL", 0)
     stream = MechanismRandomness(TEST_STUDY_KEY, {"mechanism": "finetune"}).stream("gaussian_noise")
     assert len(stream.generators) == NOISE_GENERATORS and stream.layout == f"torch-cpux{NOISE_GENERATORS}"
     draw = stream.normal((NOISE_GENERATORS * MIN_PIECE * 4,))

@@ -12,8 +12,8 @@ HMAC-SHA256(key, identity, name). Two generators (config `privacy.rng`):
   is ever released, only noisy clipped sums of them. On the CPU a stream holds NOISE_GENERATORS such generators
   (the first from the material, the others from the material and their index), and long Gaussian draws are cut
   into that many pieces drawn concurrently, one generator each: an MT19937 fills ~200M normals a second, which at
-  ViT scale was a third of the DP step's overhead. The cut depends only on the draw's size, so the draws do not
-  depend on the thread count; uniforms and Gaussian draws under 2 * MIN_PIECE coordinates come from the first
+  ViT scale was a third of the DP step's overhead. The cut depends only on the draws' sizes, so the draws do not
+  depend on the thread count; uniforms and every draw too small to cut (a top's whole step) come from the first
   generator alone, as they did before the split.
 - ``secure``: every draw comes from SHAKE-256 (FIPS 202) in counter mode under the material, a cryptographically
   secure generator. Uniforms have 53 random bits; Gaussians come from Box-Muller, and each noise coordinate is the
@@ -64,6 +64,10 @@ def _words_generator(words: np.ndarray) -> torch.Generator:
 
 NOISE_GENERATORS = 4  # fixed, never the thread count: the draws must not depend on the machine
 MIN_PIECE = 1 << 16  # below this many coordinates per piece, handing a piece to a thread costs more than it saves
+# Below this many coordinates in one add_normal_ call nothing is cut: right after a step's clipped sum torch's own
+# threads still spin on the cores, and a pool thread contending with them made the EfficientNet top's step
+# slower (1.0M coordinates: 1.14 -> 1.47 x non-private); at ViT scale the halved draw wins by far.
+MIN_CUT_CALL = 1 << 24
 
 
 def _cpu_generator(material: bytes) -> torch.Generator:
@@ -88,10 +92,9 @@ def _pool() -> ThreadPoolExecutor:
 
 class GeneratorStream:
     """Draws from torch generators (the `keyed` mode, or plain seeded generators in tests). With more than one
-    generator, Gaussian noise for n >= 2 * MIN_PIECE contiguous coordinates is cut into min(generators, n // MIN_PIECE)
-    contiguous pieces, piece j from generator j, drawn on up to torch.get_num_threads() threads at once (torch
-    releases the GIL while it fills a tensor). Each generator's sequence of draws is the same on any number of
-    threads."""
+    generator, add_normal_ cuts a large tensor's n coordinates into min(generators, n // MIN_PIECE) contiguous
+    pieces, piece j from generator j, drawn on up to torch.get_num_threads() threads at once (torch releases the
+    GIL while it fills a tensor). Each generator's sequence of draws is the same on any number of threads."""
 
     def __init__(self, generator: torch.Generator, *more: torch.Generator):
         self.generators = [generator, *more]
@@ -107,11 +110,14 @@ class GeneratorStream:
         return draw
 
     def add_normal_(self, tensors: list[torch.Tensor], std: float) -> None:
-        """tensor += std * N(0, I) for each tensor, in order, in place: what adding as many normal() draws does,
-        in one round of threads and with no temporary larger than one piece (never a second copy of a model)."""
+        """tensor += std * N(0, I) for each tensor, in place, with no temporary larger than one tensor or piece
+        (never a second copy of a model). Each generator draws in the tensors' order: the first for every tensor
+        not cut, and piece j of each cut tensor comes from generator j. Cut are the contiguous tensors of at least
+        2 * MIN_PIECE coordinates, when the call adds to at least MIN_CUT_CALL coordinates in all."""
         pieces = [[] for _ in self.generators]  # per generator, what it draws for, in the tensors' order
+        cutting = sum(tensor.numel() for tensor in tensors) >= MIN_CUT_CALL
         for tensor in tensors:
-            cut = min(len(self.generators), tensor.numel() // MIN_PIECE)
+            cut = min(len(self.generators), tensor.numel() // MIN_PIECE) if cutting else 1
             if cut < 2 or not tensor.is_contiguous():
                 pieces[0].append(tensor)
                 continue

@@ -126,17 +126,23 @@ class TokenLinearGradients(LayerGradients):
 
     def __init__(self, a, g, weight_shape, has_bias: bool):
         self.a, self.g, self.weight_shape, self.has_bias = a, g, weight_shape, has_bias
+        self.bias_grads = g.sum(1) if has_bias else None  # (B, d_out): per-example bias gradients
 
     def squared_norms(self):
         norms = _linear_weight_squared_norms(self.a, self.g)
-        return norms + self.g.sum(1).pow(2).sum(1) if self.has_bias else norms
+        return norms + self.bias_grads.pow(2).sum(1) if self.has_bias else norms
 
     def clipped_sums(self, factors):
-        weighted = self.g * factors[:, None, None]
-        weight = weighted.reshape(-1, self.g.shape[2]).T @ self.a.reshape(-1, self.a.shape[2])
+        # sum_i c_i G_i^T A_i: the factors scale whichever of A and G is smaller (a full copy of it)
+        a, g = self.a, self.g
+        if a.shape[2] <= g.shape[2]:
+            a = a * factors[:, None, None]
+        else:
+            g = g * factors[:, None, None]
+        weight = g.reshape(-1, g.shape[2]).T @ a.reshape(-1, a.shape[2])
         sums = {"weight": weight.reshape(self.weight_shape)}
         if self.has_bias:
-            sums["bias"] = weighted.sum((0, 1))
+            sums["bias"] = factors @ self.bias_grads
         return sums
 
 
