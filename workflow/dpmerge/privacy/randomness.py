@@ -12,7 +12,7 @@ HMAC-SHA256(key, identity, name). Two generators (config `privacy.rng`):
   is ever released, only noisy clipped sums of them. On the CPU a stream holds NOISE_GENERATORS such generators
   (the first from the material, the others from the material and their index), and long Gaussian draws are cut
   into that many pieces drawn concurrently, one generator each: an MT19937 fills ~200M normals a second, which at
-  ViT scale was a third of the DP step's overhead. The cut depends only on the draws' sizes, so the draws do not
+  ViT scale was two thirds of the DP step's overhead. The cut depends only on the draws' sizes, so the draws do not
   depend on the thread count; uniforms and every draw too small to cut (a top's whole step) come from the first
   generator alone, as they did before the split.
 - ``secure``: every draw comes from SHAKE-256 (FIPS 202) in counter mode under the material, a cryptographically

@@ -59,7 +59,8 @@ def privatized_gradient(
     # All noise in one call, so the stream can spread it over its generators and threads; in place on the fresh
     # sums: at ViT/RoBERTa scale every extra full-size temporary costs measurable time.
     noise.add_normal_(summed, noise_multiplier * clip_norm)
-    torch._foreach_div_(summed, expected_batch_size)
+    for s in summed:
+        s.div_(expected_batch_size)
     return summed
 
 
