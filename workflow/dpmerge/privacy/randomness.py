@@ -98,7 +98,11 @@ class GeneratorStream:
 
     def __init__(self, generator: torch.Generator, *more: torch.Generator):
         self.generators = [generator, *more]
-        self.generator = generator
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The first generator: uniforms and every draw not cut come from it."""
+        return self.generators[0]
 
     def uniform(self, count: int) -> torch.Tensor:
         """`count` uniforms in [0, 1), float32, on the generator's device."""
