@@ -9,9 +9,11 @@ import hashlib
 import json
 import math
 import multiprocessing
+import os
 import random
 import secrets
 import stat
+import threading
 from dataclasses import asdict
 
 import numpy as np
@@ -29,6 +31,7 @@ from dpmerge.privacy.randomness import (
     _cpu_generators,
     _words_generator,
 )
+from dpmerge.privacy.randomness import _serial_chunks as randomness_chunks
 from dpmerge.privacy.study_key import (
     StudyKeyError,
     default_key_path,
@@ -143,6 +146,55 @@ def test_keyed_cpu_noise_is_cut_over_independent_generators_the_same_on_any_thre
                                                for index, size in enumerate(sizes)]))
     expected.append(0.5 + 2.0 * torch.randn((2 * MIN_PIECE - 1,), generator=generators[0]))  # too small to cut
     assert all(torch.equal(got.reshape(-1), want.reshape(-1)) for got, want in zip(added[1], expected))
+
+
+def _native_threads() -> int:
+    """OS threads of this process that Python did not start (OpenMP and MKL workers)."""
+    return len(os.listdir("/proc/self/task")) - threading.active_count()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_cut_noise_starts_no_openmp_team_off_the_main_thread(torch_threads, monkeypatch):
+    """A pool thread that runs one parallel torch op gets an OpenMP team of its own that never exits, and past one
+    OpenMP thread per core libgomp stops spinning between parallel regions: every later step, private or not, ran
+    slower (bench/dp_step.py's non-private baseline with it). The noise pool must draw and add in serial chunks."""
+    from dpmerge.privacy import randomness
+
+    torch_threads(2)
+    monkeypatch.setattr(randomness, "MIN_CUT_CALL", 0)
+    monkeypatch.setattr(randomness, "_POOL", None)  # fresh pool threads: none has an OpenMP team yet
+    torch.ones(1 << 20).add_(1.0)  # the main thread's own team exists before counting
+    before = _native_threads()
+    tensors = [torch.zeros(NOISE_GENERATORS * MIN_PIECE * 2), torch.zeros(3, 5)]
+    stream = MechanismRandomness(TEST_STUDY_KEY, {"mechanism": "finetune"}).stream("gaussian_noise")
+    stream.add_normal_(tensors, 1.0)
+    pool = randomness._POOL
+    try:
+        assert pool is not None and len(pool._threads) >= 1  # the call did hand pieces to the pool
+        assert _native_threads() == before
+        assert all(t.abs().min() > 0 for t in tensors)  # every coordinate got its noise
+    finally:
+        pool.shutdown()
+
+
+def test_serial_chunks_stay_under_the_grain_and_never_leave_a_tail_under_16():
+    for count in (0, 1, 15, 16, 32752, 32753, 32767, 32768, 32752 * 3 + 15, 32752 * 3 + 16, 10**6 + 7):
+        chunks = randomness_chunks(count)
+        assert [start for start, _ in chunks] == [0, *[stop for _, stop in chunks[:-1]]][:len(chunks)]
+        assert (chunks[-1][1] if chunks else 0) == count
+        assert all(stop - start < 32768 for start, stop in chunks)
+        assert all(stop - start >= 16 for start, stop in chunks[1:])
+
+
+def test_chunked_noise_equals_one_draw_over_the_whole_tensor():
+    """Drawing in chunks changes no value: each tensor gets what one randn over it would have given."""
+    for count in (7, 16, 32752 * 2 + 3, 32752 * 2 + 16, 100_003):
+        generator = _cpu_generator(b"c" * 32)
+        tensor = torch.full((count,), 0.25)
+        GeneratorStream(generator).add_normal_([tensor], 3.0)
+        reference = _cpu_generator(b"c" * 32)
+        assert torch.equal(tensor, torch.full((count,), 0.25).add_(torch.randn(count, generator=reference), alpha=3.0))
+        assert torch.equal(generator.get_state(), reference.get_state())
 
 
 def test_cut_noise_is_standard_gaussian_with_uncorrelated_pieces_and_resumes_from_its_state(monkeypatch):

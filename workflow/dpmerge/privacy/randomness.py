@@ -65,8 +65,9 @@ def _words_generator(words: np.ndarray) -> torch.Generator:
 NOISE_GENERATORS = 4  # fixed, never the thread count: the draws must not depend on the machine
 MIN_PIECE = 1 << 16  # below this many coordinates per piece, handing a piece to a thread costs more than it saves
 # Below this many coordinates in one add_normal_ call nothing is cut: right after a step's clipped sum torch's own
-# threads still spin on the cores, and a pool thread contending with them made the EfficientNet top's step
-# slower (1.0M coordinates: 1.14 -> 1.47 x non-private); at ViT scale the halved draw wins by far.
+# worker thread still spins on the second core, so a pool thread drawing beside it gains nothing on the embedded
+# tops (MiniLM top, 1.8M coordinates, cut at 2^20: 1.38 and 1.36 x non-private against 1.34, 1.28 and 1.33 uncut,
+# alternating runs after the pool stopped starting OpenMP teams); at ViT scale the halved draw wins by far.
 MIN_CUT_CALL = 1 << 24
 
 
@@ -78,6 +79,24 @@ def _cpu_generators(material: bytes) -> list[torch.Generator]:
     # material is a fixed-length HMAC output, so material || index never collides with another stream's input
     return [_cpu_generator(material + (b"" if index == 0 else index.to_bytes(4, "little")))
             for index in range(NOISE_GENERATORS)]
+
+
+# Noise is drawn and added in chunks of at most this many coordinates, for the pool's sake: an op on fewer than
+# ATen's GRAIN_SIZE (32768) coordinates runs serially, whereas a larger one run from a thread other than the main
+# one makes libgomp start a second OpenMP team for that thread. Those threads never exit, and with more OpenMP
+# threads than cores libgomp stops spinning between parallel regions, which made every later step slower, private
+# or not (MiniLM top 28.5 -> 37.2 ms a non-private step, ViT-B/32 1.82 -> 1.86 s). A multiple of 16, so the
+# chunks hold exactly what one normal_ over the whole piece would (torch fills float32 in blocks of 16 and redraws
+# a tail shorter than 16, which _serial_chunks never leaves on its own); the draws are unchanged.
+_SERIAL_CHUNK = 32752
+
+
+def _serial_chunks(count: int) -> list[tuple[int, int]]:
+    """[start, stop) bounds covering range(count), each under 32768 long, every one but the last _SERIAL_CHUNK."""
+    starts = list(range(0, count, _SERIAL_CHUNK))
+    if len(starts) > 1 and count - starts[-1] < 16:
+        starts.pop()  # a tail under 16 joins the chunk before it (at most _SERIAL_CHUNK + 15 = 32767)
+    return list(zip(starts, starts[1:] + [count]))
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -114,10 +133,11 @@ class GeneratorStream:
         return draw
 
     def add_normal_(self, tensors: list[torch.Tensor], std: float) -> None:
-        """tensor += std * N(0, I) for each tensor, in place, with no temporary larger than one tensor or piece
-        (never a second copy of a model). Each generator draws in the tensors' order: the first for every tensor
-        not cut, and piece j of each cut tensor comes from generator j. Cut are the contiguous tensors of at least
-        2 * MIN_PIECE coordinates, when the call adds to at least MIN_CUT_CALL coordinates in all."""
+        """tensor += std * N(0, I) for each tensor, in place, with no temporary larger than a chunk on the CPU
+        (_SERIAL_CHUNK coordinates) or one tensor on a GPU (never a second copy of a model). Each generator draws
+        in the tensors' order: the first for every tensor not cut, and piece j of each cut tensor comes from
+        generator j. Cut are the contiguous tensors of at least 2 * MIN_PIECE coordinates, when the call adds to
+        at least MIN_CUT_CALL coordinates in all."""
         pieces = [[] for _ in self.generators]  # per generator, what it draws for, in the tensors' order
         cutting = sum(tensor.numel() for tensor in tensors) >= MIN_CUT_CALL
         for tensor in tensors:
@@ -130,22 +150,31 @@ class GeneratorStream:
 
         def fill(index: int) -> None:
             generator = self.generators[index]
+            chunk = None
             for piece in pieces[index]:
-                draw = torch.randn(piece.shape, generator=generator, dtype=piece.dtype, device=piece.device)
-                piece.add_(draw, alpha=std)
+                if piece.device.type != "cpu" or not piece.is_contiguous():  # never cut: the calling thread's
+                    piece.add_(torch.randn(piece.shape, generator=generator, dtype=piece.dtype, device=piece.device),
+                               alpha=std)
+                    continue
+                if chunk is None or chunk.dtype != piece.dtype:
+                    chunk = torch.empty(_SERIAL_CHUNK + 16, dtype=piece.dtype)
+                flat = piece.view(-1)
+                for start, stop in _serial_chunks(flat.numel()):
+                    draw = chunk[:stop - start].normal_(generator=generator)
+                    flat[start:stop].add_(draw, alpha=std)
 
         used = [index for index, assigned in enumerate(pieces) if assigned]
         workers = min(len(used), torch.get_num_threads())
-        if workers < 2:
-            for index in used:
-                fill(index)
-            return
 
         def fill_share(worker: int) -> None:  # generators dealt round-robin: each is only ever used by one worker
             for index in used[worker::workers]:
                 fill(index)
 
-        list(_pool().map(fill_share, range(workers)))
+        # The calling thread takes the first share (generator 0, with every tensor not cut) and the pool the rest.
+        helpers = [_pool().submit(fill_share, worker) for worker in range(1, workers)]
+        fill_share(0)
+        for helper in helpers:
+            helper.result()
 
     def get_state(self):
         if len(self.generators) == 1:
