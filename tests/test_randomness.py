@@ -180,8 +180,9 @@ def test_cut_noise_starts_no_openmp_team_off_the_main_thread(torch_threads, monk
 def test_serial_chunks_stay_under_the_grain_and_never_leave_a_tail_under_16():
     for count in (0, 1, 15, 16, 32752, 32753, 32767, 32768, 32752 * 3 + 15, 32752 * 3 + 16, 10**6 + 7):
         chunks = randomness_chunks(count)
-        assert [start for start, _ in chunks] == [0, *[stop for _, stop in chunks[:-1]]][:len(chunks)]
-        assert (chunks[-1][1] if chunks else 0) == count
+        covered = [position for start, stop in chunks for position in (start, stop)]
+        assert covered == sorted(covered) and covered[1:-1:2] == covered[2::2]  # in order, each where the last stopped
+        assert (covered[0], covered[-1]) == (0, count) if count else chunks == []
         assert all(stop - start < 32768 for start, stop in chunks)
         assert all(stop - start >= 16 for start, stop in chunks[1:])
 
