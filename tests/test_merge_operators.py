@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dpmerge.merge.data_based import weighted_times_pinv
+from dpmerge.merge.matrices import mean_of, sum_of
 from dpmerge.merge.order_statistics import streamed_order_statistics
 from dpmerge.merge.personalized import dts_dequantize, dts_quantize
 from dpmerge.merge.registry import (
@@ -29,6 +30,19 @@ from dpmerge.merge.spectral import wudi_solve
 
 def randn(*shape, seed=0, scale=1.0):
     return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 8, 13])
+@pytest.mark.parametrize("shape", [(7,), (768,), (3, 50, 70), (100_003,)])
+def test_sum_and_mean_without_a_stack_agree_with_the_stacks(count, shape):
+    tensors = [randn(*shape, seed=seed, scale=10.0 ** (seed % 5 - 2)) for seed in range(count)]
+    stacked = torch.stack(tensors)
+    exact = stacked.double().sum(0)
+    rounding = count * 2.0**-23 * stacked.double().abs().sum(0)  # float32 summation's error bound, per coordinate
+    assert ((sum_of(tensors).double() - exact).abs() <= rounding).all()
+    assert ((mean_of(tensors).double() - exact / count).abs() <= rounding / count).all()
+    torch.testing.assert_close(mean_of(tensors), stacked.mean(0))
+    assert torch.equal(tensors[0], randn(*shape, seed=0, scale=0.01))  # the inputs are left as they were
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
