@@ -1,6 +1,6 @@
 """Cost of one private fine-tuning step, as ratios measured side by side in one process on the same batches.
 
-    .venv/bin/python bench/dp_step.py [--models effnet minilm vit_b32 roberta_base] [--batch-size 16]
+    .venv/bin/python bench/dp_step.py [--models effnet minilm vit_b32 roberta_base] [--batch-size 16 64]
     python bench/dp_step.py --models vit_b32 --strategies bookkeeping --device cuda --precision bf16   # on a GPU
 
 Models: the embedded backbones' trainable tops as configured (effnet: EfficientNet-Lite0 last block at 64 px,
@@ -16,6 +16,9 @@ instead of the keyed torch generator, and one whose keyed noise comes from a sin
 the stream's generators and threads, as before issue 22). It prints median seconds and the ratios
 naive_dp/nonprivate per strategy, dp_merging/naive_dp, dp_sat_anchor/naive_dp, secure/keyed and keyed/one
 generator.
+Each model is timed at every --batch-size given: 16 is the paper's batch for full fine-tuning (ViT-B/32,
+RoBERTa-base); the embedded tops train at config.yaml's finetune.batch_size (64), where a step's fixed costs
+(noise: one Gaussian per parameter, whatever the batch) weigh a quarter as much.
 Targets: naive_dp <= 1.5x non-private with the chosen strategy, dp_merging <= 2.1x naive_dp (issue 3);
 dp_sat_anchor <= 1.1x naive_dp (issue 21: one query, plus a perturbation and a copy of the gradient).
 """
@@ -111,7 +114,8 @@ def main() -> None:
                         help="models to time")
     parser.add_argument("--strategies", nargs="+", default=["functorch", "hooks", "bookkeeping", "opacus_ghost"],
                         help="per-example gradient strategies to time")
-    parser.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[16],
+                        help="examples per step; several: each model is timed at each")
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds per configuration, after one warm-up")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="torch device (cuda: timed with synchronisation, peak "
@@ -124,16 +128,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    print(f"batch {args.batch_size}, {args.repeats} repeats (after one warm-up), {args.threads} thread(s), "
-          f"{device} {args.precision}; median seconds per step (forward, backward, clipping, noise, AdamW)")
+    print(f"batch {', '.join(map(str, args.batch_size))}, {args.repeats} repeats (after one warm-up), "
+          f"{args.threads} thread(s), {device} {args.precision}; median seconds per step (forward, backward, clipping, "
+          "noise, AdamW)")
 
     def autocast():
         return (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
 
-    for name in args.models:
+    for name, batch_size in ((name, batch_size) for name in args.models for batch_size in args.batch_size):
         generator = torch.Generator().manual_seed(0)
-        model, features, labels, chosen = MODELS[name](args.batch_size, generator)
+        model, features, labels, chosen = MODELS[name](batch_size, generator)
         model.to(device)
         features = tuple(f.to(device) if isinstance(f, torch.Tensor) else f for f in features)
         labels = labels.to(device)
@@ -151,7 +156,7 @@ def main() -> None:
 
         # Opacus allows one wrapper per model at a time, so strategies are timed one block after another;
         # each block interleaves its private steps with non-private ones and its ratios use that block's base.
-        print(f"\n{name}: {sum(p.numel() for p in params) / 1e6:.1f}M trainable parameters; "
+        print(f"\n{name}, batch {batch_size}: {sum(p.numel() for p in params) / 1e6:.1f}M trainable parameters; "
               f"chosen strategy: {chosen}")
         keyed = MechanismRandomness(BENCH_KEY, {"bench": name}, "keyed").stream("gaussian_noise", device)
         secure = MechanismRandomness(BENCH_KEY, {"bench": name}, "secure").stream("gaussian_noise", device)
@@ -162,7 +167,7 @@ def main() -> None:
 
             def private(f, y, clipper=clipper, noise=keyed):
                 return privatized_gradient(clipper, f, y, clip_norm=0.2, noise_multiplier=1.0,
-                                           expected_batch_size=args.batch_size, noise=noise)
+                                           expected_batch_size=batch_size, noise=noise)
 
             def private_secure(f, y, clipper=clipper):
                 return private(f, y, clipper, secure)
