@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from dpmerge.models.reference_shapes import ClassTokenAndPositions, roberta_base_shaped, vit_b32_shaped
+from dpmerge.training import persample
 from dpmerge.training.finetune import FinetuneConfig
 from dpmerge.training.persample import STRATEGIES, BookKeepingClipper, _linear_weight_squared_norms, make_clipper
 from test_dp import assert_matches_brute_force, brute_force_clipped_sum
@@ -60,6 +61,43 @@ def test_ghost_norm_and_instantiated_norm_agree():
         explicit = torch.stack([(g[i, :tokens].T @ a[i, :tokens]).pow(2).sum() for i in range(3)])
         got = _linear_weight_squared_norms(a[:, :tokens], g[:, :tokens])
         assert torch.allclose(got, explicit, atol=1e-5)
+
+
+def test_query_key_and_value_share_one_gram_and_one_scaled_copy_of_their_input(monkeypatch):
+    model, make_batch = tiny_roberta()  # 2 layers; hidden 32, 12 tokens: every token linear takes the ghost norm
+    features, labels = make_batch(4, torch.Generator().manual_seed(3))
+    clip_norm = sorted(per_example_norms(model, features, labels))[1]  # some examples clipped, some not
+    unshared = BookKeepingClipper(model)
+    with monkeypatch.context() as patch:  # every reader computes its own, as before sharing
+        patch.setattr(persample.PerInput, "__call__", lambda self, x: self._function(x))
+        expected = unshared.clipped_sum(features, labels, clip_norm)
+    unshared.close()
+
+    # what each computation was given, kept alive so that no two of them can share an address
+    computed = {"gram": [], "scaled": []}
+    real_gram, real_init = persample._gram, persample.PerInput.__init__
+
+    def counting_gram(x):
+        computed["gram"].append(x)
+        return real_gram(x)
+
+    def counting_init(self, function, readers):
+        real_init(self, function, readers)
+        if function is not counting_gram:  # the clip factors' scaling
+            self._function = lambda x: computed["scaled"].append(x) or function(x)
+
+    monkeypatch.setattr(persample, "_gram", counting_gram)
+    monkeypatch.setattr(persample.PerInput, "__init__", counting_init)
+    clipper = BookKeepingClipper(model)
+    sums = clipper.clipped_sum(features, labels, clip_norm)
+    assert all(torch.equal(s, e) for s, e in zip(sums, expected, strict=True))
+    distinct = {kind: {persample._identity(x) for x in given} for kind, given in computed.items()}
+    # per layer, Grams of 6 output gradients and of 4 distinct inputs (query, key and value read one tensor)
+    assert len(computed["gram"]) == len(distinct["gram"]) == 2 * (6 + 4)
+    # per layer, one scaled copy of each input the factors scale: 3 of its 4 distinct ones (the FFN's output
+    # layer scales its smaller output gradient instead), query, key and value sharing theirs; plus the head's
+    # dense layer on the class token
+    assert len(computed["scaled"]) == len(distinct["scaled"]) == 2 * 3 + 1
 
 
 def test_class_token_module_keeps_the_vit_function():

@@ -22,6 +22,7 @@ overridable with `finetune.per_sample_gradients`):
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -84,17 +85,57 @@ class _Call:
     versions: tuple[int, ...]
 
 
+def _identity(tensor: torch.Tensor) -> tuple:
+    """Equal for two tensors only if they are the same view of the same memory (so, while both live, equal)."""
+    return tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device
+
+
+class PerInput:
+    """f(x) computed once per query for each activation tensor x, however many layers read x: a transformer's
+    query, key and value projections all read the same hidden states, so their ghost norms need one Gram of
+    them and their clipped sums one copy scaled by the clip factors, not three. `readers` lists x once per layer
+    that will ask; a value is dropped as soon as its last reader has it."""
+
+    def __init__(self, function, readers):
+        self._function = function
+        self._left = Counter(map(_identity, readers))
+        self._values: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = _identity(tensor)
+        value = self._values.pop(key, None)
+        if value is None:
+            value = self._function(tensor)
+        self._left[key] -= 1
+        if self._left[key] > 0:
+            self._values[key] = value
+        return value
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    """x x^T per example: (B, T, d) -> (B, T, T)."""
+    return torch.bmm(x, x.transpose(1, 2))
+
+
 class LayerGradients:
     """One layer call's per-example gradient information, from its inputs and output gradient.
 
     Built once per query and asked twice: for the per-example squared norms (summed over the layer's
-    parameters), then, once the clip factors are known, for the clipped sums per parameter name.
+    parameters), then, once the clip factors are known, for the clipped sums per parameter name. A layer that
+    needs the Gram of an activation, or an activation scaled by the factors, names it (gram_inputs,
+    scaled_inputs) and receives it through a PerInput shared with the other layers.
     """
 
-    def squared_norms(self) -> torch.Tensor:  # (B,)
+    def gram_inputs(self) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def scaled_inputs(self) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def squared_norms(self, grams: PerInput | None = None) -> torch.Tensor:  # (B,)
         raise NotImplementedError
 
-    def clipped_sums(self, factors: torch.Tensor) -> dict[str, torch.Tensor]:
+    def clipped_sums(self, factors: torch.Tensor, scaled: PerInput | None = None) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
 
@@ -104,20 +145,26 @@ class PerExampleGradients(LayerGradients):
     def __init__(self, grads: dict[str, torch.Tensor]):
         self.grads = grads
 
-    def squared_norms(self):
+    def squared_norms(self, grams=None):
         return sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in self.grads.values())
 
-    def clipped_sums(self, factors):
+    def clipped_sums(self, factors, scaled=None):
         return {name: torch.einsum("i,i...->...", factors, g) for name, g in self.grads.items()}
 
 
-def _linear_weight_squared_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """||G_i^T A_i||_F^2 for a (B, T, d_in), g (B, T, d_out): ghost norm or instantiation, whichever is cheaper."""
+def _ghost_norm_is_cheaper(a: torch.Tensor, g: torch.Tensor) -> bool:
+    """Two (T x T) Grams cost T^2 (d_in + d_out) per example, one instantiated gradient T d_in d_out."""
     tokens, d_in, d_out = a.shape[1], a.shape[2], g.shape[2]
-    if tokens == 1:
+    return tokens > 1 and tokens * (d_in + d_out) < d_in * d_out
+
+
+def _linear_weight_squared_norms(a: torch.Tensor, g: torch.Tensor, grams: PerInput | None = None) -> torch.Tensor:
+    """||G_i^T A_i||_F^2 for a (B, T, d_in), g (B, T, d_out): ghost norm or instantiation, whichever is cheaper.
+    `grams` supplies A A^T when other layers read the same a."""
+    if a.shape[1] == 1:
         return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
-    if tokens * (d_in + d_out) < d_in * d_out:
-        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+    if _ghost_norm_is_cheaper(a, g):
+        return ((grams or _gram)(a) * _gram(g)).sum((1, 2))
     return torch.bmm(g.transpose(1, 2), a).pow(2).sum((1, 2))
 
 
@@ -128,15 +175,21 @@ class TokenLinearGradients(LayerGradients):
         self.a, self.g, self.weight_shape, self.has_bias = a, g, weight_shape, has_bias
         self.bias_grads = g.sum(1) if has_bias else None  # (B, d_out): per-example bias gradients
 
-    def squared_norms(self):
-        norms = _linear_weight_squared_norms(self.a, self.g)
+    def gram_inputs(self):
+        return (self.a,) if _ghost_norm_is_cheaper(self.a, self.g) else ()
+
+    def scaled_inputs(self):
+        return (self.a,) if self.a.shape[2] <= self.g.shape[2] else ()
+
+    def squared_norms(self, grams=None):
+        norms = _linear_weight_squared_norms(self.a, self.g, grams)
         return norms + self.bias_grads.pow(2).sum(1) if self.has_bias else norms
 
-    def clipped_sums(self, factors):
+    def clipped_sums(self, factors, scaled=None):
         # sum_i c_i G_i^T A_i: the factors scale whichever of A and G is smaller (a full copy of it)
         a, g = self.a, self.g
-        if a.shape[2] <= g.shape[2]:
-            a = a * factors[:, None, None]
+        if self.scaled_inputs():
+            a = scaled(a) if scaled is not None else a * factors[:, None, None]
         else:
             g = g * factors[:, None, None]
         weight = g.reshape(-1, g.shape[2]).T @ a.reshape(-1, a.shape[2])
@@ -157,11 +210,11 @@ class EmbeddingGradients(LayerGradients):
         if module.padding_idx is not None:  # nn.Embedding never updates its padding row
             self.g = self.g * (self.ids != module.padding_idx).unsqueeze(-1).to(self.g.dtype)
 
-    def squared_norms(self):
+    def squared_norms(self, grams=None):
         same_row = (self.ids[:, :, None] == self.ids[:, None, :]).to(self.g.dtype)
         return (same_row * torch.bmm(self.g, self.g.transpose(1, 2))).sum((1, 2))
 
-    def clipped_sums(self, factors):
+    def clipped_sums(self, factors, scaled=None):
         weighted = (self.g * factors[:, None, None]).reshape(-1, self.g.shape[2])
         return {"weight": torch.zeros_like(self.weight).index_add_(0, self.ids.reshape(-1), weighted)}
 
@@ -298,14 +351,17 @@ class BookKeepingClipper:
             return self._clipped_sums(gradients, labels.shape[0], clip_norm, loss)
 
     def _clipped_sums(self, gradients, batch: int, clip_norm: float, loss) -> list[torch.Tensor]:
+        grams = PerInput(_gram, [a for _, layer in gradients for a in layer.gram_inputs()])
         squared = torch.zeros(batch, dtype=loss.dtype, device=loss.device)
         for _, layer in gradients:
-            squared = squared + layer.squared_norms()
+            squared = squared + layer.squared_norms(grams)
         factors = clip_factors(squared, clip_norm)
+        scaled = PerInput(lambda x: x * factors[:, None, None],
+                          [x for _, layer in gradients for x in layer.scaled_inputs()])
         sums: dict[int, torch.Tensor] = {}
         for module, layer in gradients:
             own = dict(module.named_parameters(recurse=False))
-            for param_name, value in layer.clipped_sums(factors).items():
+            for param_name, value in layer.clipped_sums(factors, scaled).items():
                 sums[id(own[param_name])] = value
         return [sums[id(p)] if id(p) in sums else torch.zeros_like(p) for p in self.params]
 
