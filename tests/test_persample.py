@@ -92,8 +92,11 @@ def test_query_key_and_value_share_one_gram_and_one_scaled_copy_of_their_input(m
     sums = clipper.clipped_sum(features, labels, clip_norm)
     assert all(torch.equal(s, e) for s, e in zip(sums, expected, strict=True))
     distinct = {kind: {persample._identity(x) for x in given} for kind, given in computed.items()}
-    # per layer, Grams of 6 output gradients and of 4 distinct inputs (query, key and value read one tensor)
-    assert len(computed["gram"]) == len(distinct["gram"]) == 2 * (6 + 4)
+    # per layer, Grams of 6 output gradients and of 4 distinct inputs (query, key and value read one tensor);
+    # one more per embedding table (of its output gradient)
+    embeddings = sum(isinstance(m, nn.Embedding) and m.weight.requires_grad for m in model.modules())
+    assert embeddings == 3  # words, positions, token types
+    assert len(computed["gram"]) == len(distinct["gram"]) == 2 * (6 + 4) + embeddings
     # per layer, one scaled copy of each input the factors scale: 3 of its 4 distinct ones (the FFN's output
     # layer scales its smaller output gradient instead), query, key and value sharing theirs; plus the head's
     # dense layer on the class token

@@ -212,7 +212,7 @@ class EmbeddingGradients(LayerGradients):
 
     def squared_norms(self, grams=None):
         same_row = (self.ids[:, :, None] == self.ids[:, None, :]).to(self.g.dtype)
-        return (same_row * torch.bmm(self.g, self.g.transpose(1, 2))).sum((1, 2))
+        return (same_row * _gram(self.g)).sum((1, 2))
 
     def clipped_sums(self, factors, scaled=None):
         weighted = (self.g * factors[:, None, None]).reshape(-1, self.g.shape[2])
