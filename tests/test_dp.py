@@ -15,6 +15,7 @@ from dpmerge.privacy.randomness import GeneratorStream
 from dpmerge.stages.prepare import pretrained
 from dpmerge.training.dp_step import (
     STEPS,
+    adamw,
     add_anchor,
     clipped_gradient_sum,
     method_update,
@@ -176,6 +177,27 @@ def test_anchor_formula_and_no_anchor_for_the_head():
     update = add_anchor([torch.tensor([1.0, 1.0]), torch.tensor([1.0])], params, [torch.tensor([0.0, 4.0]), None], 0.25)
     assert torch.allclose(update[0], torch.tensor([1.5, 0.0]))  # 1 + 2 * 0.25 * (w - w0)
     assert torch.equal(update[1], torch.tensor([1.0]))
+
+
+def test_the_fused_optimizer_takes_adamws_steps():
+    """adamw() uses torch's fused kernel on the CPU; its steps are AdamW's (decoupled decay, bias correction), to
+    float32 rounding, whatever the gradients: checked against torch's single-tensor AdamW over a few steps."""
+    generator = torch.Generator().manual_seed(5)
+    start = [torch.randn(33, 7, generator=generator), torch.randn(5, generator=generator)]
+    grads = [[torch.randn(t.shape, generator=generator) for t in start] for _ in range(6)]
+    fused = [t.clone().requires_grad_() for t in start]
+    reference = [t.clone().requires_grad_() for t in start]
+    optimizers = (adamw(fused, lr=0.05, weight_decay=0.3, betas=(0.8, 0.95)),
+                  torch.optim.AdamW(reference, lr=0.05, weight_decay=0.3, betas=(0.8, 0.95), foreach=False))
+    assert optimizers[0].defaults["fused"]
+    for step in grads:
+        for params, optimizer in zip((fused, reference), optimizers):
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            optimizer.step()
+    for f, r, s in zip(fused, reference, start):
+        assert not torch.allclose(f, s)  # it moved
+        assert torch.allclose(f, r, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", list(METHODS))

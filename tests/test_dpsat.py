@@ -10,7 +10,7 @@ import torch
 from conftest import keyed
 from dpmerge.models.base import TaskModel
 from dpmerge.privacy.randomness import GeneratorStream
-from dpmerge.training.dp_step import method_update, privatized_gradient
+from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
 from dpmerge.training.finetune import FinetuneConfig, finetune
 from dpmerge.training.methods import METHODS
 from dpmerge.training.persample import make_clipper
@@ -112,7 +112,7 @@ def test_the_remembered_gradient_survives_the_optimizer_step_it_feeds(toy_backbo
     clipper = make_clipper(model, "bookkeeping")
     params = [p for p in model.parameters() if p.requires_grad]
     anchors = [p.detach().clone() - 0.1 for p in params[:-1]] + [None]
-    optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+    optimizer = adamw(params, lr=1e-2, weight_decay=0.01)  # the pipeline's (fused) optimizer
     noise = GeneratorStream(torch.Generator().manual_seed(3))
 
     def query(f, y):

@@ -35,7 +35,7 @@ from dpmerge.privacy.randomness import RNG_MODES, MechanismRandomness
 from dpmerge.privacy.study_key import mechanism_fingerprint
 from dpmerge.runtime import compute_line
 from dpmerge.training.canaries import DiracCanaries, InputCanaries
-from dpmerge.training.dp_step import method_update, poisson_batch, privatized_gradient
+from dpmerge.training.dp_step import adamw, method_update, poisson_batch, privatized_gradient
 from dpmerge.training.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.training.persample import STRATEGIES, make_clipper
 
@@ -249,7 +249,7 @@ def finetune(
     backbone_prefix = "backbone_network."
     internal_pretrained = {name: value.to(device) for name, value in backbone.internal_state(pretrained).items()}
     anchors = [internal_pretrained.get(name.removeprefix(backbone_prefix)) for name in names]
-    optimizer = (torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
+    optimizer = (adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
                  if trains else None)
 
     canaries = None
