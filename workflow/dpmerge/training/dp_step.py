@@ -197,7 +197,8 @@ def adamw(params: list[torch.Tensor], *, lr: float, weight_decay: float = 1e-2,
     device (CPU, CUDA): one pass over each parameter instead of about ten multi-tensor passes, 4-5 x faster on the
     CPU, which is a tenth of a non-private step on an embedded top at batch 16 (bench/dp_step.py). Same algorithm;
     the updates differ from the multi-tensor kernel's only in float rounding."""
-    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    # None, not False, elsewhere: fused=False would also switch off torch's multi-tensor default
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
 
 
