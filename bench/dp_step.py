@@ -22,6 +22,8 @@ step and raises the ratio.
 Each model is timed at every --batch-size given: 16 is the paper's batch for full fine-tuning (ViT-B/32,
 RoBERTa-base); the embedded tops train at config.yaml's finetune.batch_size (64), where a step's fixed costs
 (noise: one Gaussian per parameter, whatever the batch) weigh a quarter as much.
+Steps run as in a `dpmerge` job: libgomp's idle workers spin for openmp_wait.SPIN_COUNT iterations unless
+GOMP_SPINCOUNT or OMP_WAIT_POLICY is set (GOMP_SPINCOUNT=300000 gives libgomp's default, to compare).
 Targets: naive_dp <= 1.5x non-private with the chosen strategy, dp_merging <= 2.1x naive_dp (issue 3);
 dp_sat_anchor <= 1.1x naive_dp (issue 21: one query, plus a perturbation and a copy of the gradient).
 """
@@ -31,10 +33,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import statistics
 import time
 
-import torch
+from dpmerge.openmp_wait import limit_spinning
+
+limit_spinning(os.environ)  # as `dpmerge` does, before torch loads libgomp: the steps timed are the pipeline's
+
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 from dpmerge import runtime

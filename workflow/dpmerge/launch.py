@@ -12,7 +12,9 @@ import sys
 
 def main() -> None:
     argv = sys.argv[1:]
-    from dpmerge import gpu_slots
+    from dpmerge import gpu_slots, openmp_wait
+
+    openmp_wait.limit_spinning()  # before torch loads libgomp, and before the fork server's address is keyed
 
     # before torch and before the fork server's socket is chosen (it is keyed by the environment)
     gpu_slots.claim_for_job(os.environ, log=gpu_slots.to_stderr)

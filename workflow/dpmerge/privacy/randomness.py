@@ -13,7 +13,7 @@ HMAC-SHA256(key, identity, name). Two generators (config `privacy.rng`):
   (the first from the material, the others from the material and their index), and long Gaussian draws are cut
   into that many pieces drawn concurrently, one generator each: an MT19937 fills ~200M normals a second, which at
   ViT scale was two thirds of the DP step's overhead. The cut depends only on the draws' sizes, so the draws do not
-  depend on the thread count; uniforms and every draw too small to cut (a top's whole step) come from the first
+  depend on the thread count; uniforms and every draw too small to cut (a head's whole step) come from the first
   generator alone, as they did before the split.
 - ``secure``: every draw comes from SHAKE-256 (FIPS 202) in counter mode under the material, a cryptographically
   secure generator. Uniforms have 53 random bits; Gaussians come from Box-Muller, and each noise coordinate is the
@@ -64,11 +64,12 @@ def _words_generator(words: np.ndarray) -> torch.Generator:
 
 NOISE_GENERATORS = 4  # fixed, never the thread count: the draws must not depend on the machine
 MIN_PIECE = 1 << 16  # below this many coordinates per piece, handing a piece to a thread costs more than it saves
-# Below this many coordinates in one add_normal_ call nothing is cut: right after a step's clipped sum torch's own
-# worker thread still spins on the second core, so a pool thread drawing beside it gains nothing on the embedded
-# tops (MiniLM top, 1.8M coordinates, cut at 2^20: 1.38 and 1.36 x non-private against 1.34, 1.28 and 1.33 uncut,
-# alternating runs after the pool stopped starting OpenMP teams); at ViT scale the halved draw wins by far.
-MIN_CUT_CALL = 1 << 24
+# Below this many coordinates in one add_normal_ call nothing is cut: handing pieces to the pool costs more than
+# a small draw (a head's) takes. The embedded tops' steps (1.0M and 1.8M coordinates) are cut. That gains only
+# while torch's idle OpenMP worker lets the second core go soon after the clipped sum, which `dpmerge` arranges
+# (openmp_wait.py); under libgomp's default spinning the pool thread drew beside a spinning worker and the cut
+# top was no faster (MiniLM top at 2^20: 1.38 and 1.36 x non-private against 1.34, 1.28 and 1.33 uncut).
+MIN_CUT_CALL = 1 << 19
 
 
 def _cpu_generator(material: bytes) -> torch.Generator:
