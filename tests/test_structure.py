@@ -20,8 +20,9 @@ ROOMS_BELOW = {
     "cli": {"cli_arguments", "stages", "catalog", "config_check", "runtime"},
     "cli_arguments": {"catalog"},  # the command line's parser, beside cli.py
     # the `dpmerge` entry point: through the warm fork server, or cli in this process; stdlib only at import
-    "launch": {"forkserver", "cli", "gpu_slots"},
+    "launch": {"forkserver", "cli", "gpu_slots", "openmp_wait"},
     "gpu_slots": set(),  # stdlib only: the launcher claims a job's GPU before anything heavy is imported
+    "openmp_wait": set(),  # stdlib only: it must run before anything imports torch
     "forkserver": {"cli", "runtime"},
     "stages": {"privacy", "merge", "diagnostics", "report", "training", "models", "data", "artifacts", "metrics",
                "epsilon", "runtime"},
