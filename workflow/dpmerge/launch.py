@@ -14,9 +14,9 @@ def main() -> None:
     argv = sys.argv[1:]
     from dpmerge import gpu_slots, openmp_wait
 
-    openmp_wait.limit_spinning()  # before torch loads libgomp, and before the fork server's address is keyed
-
-    # before torch and before the fork server's socket is chosen (it is keyed by the environment)
+    # Both set environment variables: before torch loads (libgomp and CUDA read them once) and before the fork
+    # server's socket is chosen (it is keyed by the environment).
+    openmp_wait.limit_spinning(os.environ)
     gpu_slots.claim_for_job(os.environ, log=gpu_slots.to_stderr)
     if os.environ.get("DPMERGE_FORKSERVER") == "1" and hasattr(os, "fork"):
         from dpmerge import forkserver
