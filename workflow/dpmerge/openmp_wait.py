@@ -15,16 +15,14 @@ OMP_WAIT_POLICY is left as it is. Standard library only.
 
 from __future__ import annotations
 
-import os
 from collections.abc import MutableMapping
 
 SPIN_COUNT = 10_000
 
 
-def limit_spinning(environment: MutableMapping[str, str] | None = None) -> None:
-    """Set GOMP_SPINCOUNT to SPIN_COUNT in `environment` (os.environ by default) unless the user chose a spin
-    count or a wait policy."""
-    environment = os.environ if environment is None else environment
+def limit_spinning(environment: MutableMapping[str, str]) -> None:
+    """Set GOMP_SPINCOUNT to SPIN_COUNT in `environment` (os.environ, for the process itself) unless the user
+    chose a spin count or a wait policy."""
     if "GOMP_SPINCOUNT" in environment or "OMP_WAIT_POLICY" in environment:
         return
     environment["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
