@@ -12,7 +12,9 @@ alternating (ours, theirs, ours, ...) so both see the same machine:
           fusion_bench's own source files (the wheel or an unpacked copy: `pip download fusion-bench==0.2.33
           --no-deps`); its package __init__ imports Lightning and Hydra, so only the two utility modules are
           loaded, with the two helpers they import (a timer, a type alias) stubbed
-It prints the median seconds of each, the ratio ours / theirs (issue 22's target: <= 0.5), the largest
+It prints the median seconds of each, the ratio ours / theirs (issue 22's target: <= 0.5) as the median of the
+runs' paired ratios (ours in a run over theirs right after it) with its distribution-free 95 % interval
+(bench/paired_ratio.py; --repeats 6 or more for an interval), the largest
 absolute difference between the two merged vectors beside the largest entry, and each one's largest error
 against fusion_bench's algorithm run once in float64 (float32 SVDs are themselves ~1e-4 of the largest entry
 from it). Without --fusion-bench only ours is timed.
@@ -34,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
 
 from dpmerge.cli_arguments import DescribedDefaultsShown  # noqa: E402
+from paired_ratio import describe  # noqa: E402  (bench/, beside this script)
 
 FILES = {"tsvm": "fusion_bench/method/task_singular_vector/utils/TSVM_utils.py",
          "iso": "fusion_bench/method/isotropic_merging/iso_utils.py"}
@@ -111,8 +114,8 @@ def main() -> None:
     ours = {"tsv_m": lambda: merge("tsv_m", vectors, include_conv=False),
             "iso_c": lambda: merge("iso_c", vectors, include_conv=False),
             "iso_cts": lambda: merge("iso_cts", vectors, common_space_fraction=0.8, include_conv=False)}
-    print("| operator | ours s | fusion_bench s | ours / fusion_bench | max abs difference | max abs entry "
-          "| ours - float64 | fusion_bench - float64 |")
+    print("| operator | ours s | fusion_bench s | ours / fusion_bench [95 % interval] | max abs difference "
+          "| max abs entry | ours - float64 | fusion_bench - float64 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for operator in args.operators:
         times = {"ours": [], "theirs": []}
@@ -132,7 +135,8 @@ def main() -> None:
             exact = algorithms[operator]([{k: v.double() for k, v in vector.items()} for vector in vectors])
             errors = [max(float((results[who][k].double() - exact[k]).abs().max()) for k in vectors[0])
                       for who in ("ours", "theirs")]
-            print(f"| {operator} | {mine:.2f} | {other:.2f} | {mine / other:.2f} | {difference:.1e} | {largest:.1e} "
+            print(f"| {operator} | {mine:.2f} | {other:.2f} | {describe(times['ours'], times['theirs']).strip()} "
+                  f"| {difference:.1e} | {largest:.1e} "
                   f"| {errors[0]:.1e} | {errors[1]:.1e} |")
         else:
             print(f"| {operator} | {mine:.2f} | -- | -- | -- | -- | -- | -- |")
