@@ -117,6 +117,70 @@ def test_killing_the_job_kills_its_forked_command(server, vectors, how):
     assert not (folder / "never.safetensors").exists()
 
 
+def held_server(tmp_path, start_command: bool):
+    """A stand-in server that reads a client's request, then waits until the test has sent the client a signal
+    before it answers: with the PID of a `sleep 60` it starts (start_command) or by closing the connection."""
+    import threading
+
+    directory = tmp_path / "sockets"
+    directory.mkdir(mode=0o700)
+    address = directory / "held.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(address))
+    listener.listen(1)
+    request_read, signalled, command = threading.Event(), threading.Event(), []
+
+    def serve():
+        connection, _ = listener.accept()
+        with connection:
+            header, fds, *_ = socket.recv_fds(connection, forkserver._HEADER.size, 3)
+            for fd in fds:
+                os.close(fd)
+            forkserver._receive(connection, forkserver._HEADER.unpack(header)[0])
+            request_read.set()
+            signalled.wait(30)
+            time.sleep(0.5)  # the client's handler runs while it still waits for the PID
+            if not start_command:
+                return
+            command.append(subprocess.Popen(["sleep", "60"]))
+            try:
+                connection.sendall(forkserver._PID.pack(command[0].pid))
+                returncode = command[0].wait(timeout=10)
+                connection.sendall(forkserver._STATUS.pack(returncode))
+            except (OSError, subprocess.TimeoutExpired):  # the client is gone: the code before this test's fix
+                command[0].kill()
+                command[0].wait()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    job = client(address, ["--help"], stderr=subprocess.DEVNULL)
+    try:
+        assert request_read.wait(60), "the client never sent its request"
+        job.send_signal(signal.SIGTERM)
+        signalled.set()
+        job.wait(timeout=30)
+        thread.join(timeout=30)
+    finally:
+        job.kill()
+        listener.close()
+    return job, command
+
+
+def test_a_signal_before_the_command_pid_reaches_the_client_still_reaches_the_command(tmp_path):
+    """The real server forks the command before the client hears its PID; a job killed in that window (Snakemake
+    or Slurm is free to) must end as the command's death, not as the client's. The stand-in server holds the PID
+    back until the client has been sent SIGTERM, so the window is certain, not a race under load."""
+    job, command = held_server(tmp_path, start_command=True)
+    assert command and command[0].returncode == -signal.SIGTERM, "the signal never reached the command"
+    assert job.returncode == 128 + signal.SIGTERM
+
+
+def test_a_signal_before_a_server_that_then_fails_kills_the_client_rather_than_running_the_command(tmp_path):
+    # `dpmerge` runs a command in its own process when the server is unavailable; a job told to stop must not
+    job, command = held_server(tmp_path, start_command=False)
+    assert not command and job.returncode == -signal.SIGTERM
+
+
 def test_the_address_follows_the_environment_but_not_the_shell_state():
     base = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
     assert forkserver.server_address(base) == forkserver.server_address({**base, "PWD": "/elsewhere", "SHLVL": "3"})

@@ -109,23 +109,42 @@ def call(argv: list[str], address: Path | None = None, start: bool = True) -> in
         raise Unavailable(f"no fork server at {address}") from None
     with connection:
         request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+        # Armed before the request leaves: from then on the server may fork the command at any moment, and a
+        # signal meant for the job that came before the command's PID did would otherwise kill this client alone
+        # (the job's status a signal death instead of the command's 143). Such a signal waits for the PID.
+        started: list[int] = []
+        pending: list[int] = []
+
+        def forward(number, frame):
+            if started:
+                _forward(started[0], number)
+            else:
+                pending.append(number)
+
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
         try:
-            socket.send_fds(connection, [_HEADER.pack(len(request))], [0, 1, 2])
-            connection.sendall(request)
-            pid = _PID.unpack(_receive(connection, _PID.size))[0]
-        except (OSError, ConnectionError) as error:
-            raise Unavailable(f"fork server at {address} did not start the command: {error}") from None
-        previous = {sig: signal.signal(sig, lambda number, frame: _forward(pid, number)) for sig in FORWARDED_SIGNALS}
-        try:
-            status = _STATUS.unpack(_receive(connection, _STATUS.size))[0]
-        except (OSError, ConnectionError):
-            # The command was started, so it must not run again here; its own end of the socket closes too,
-            # which kills it (_die_with_client).
-            raise SystemExit(f"error: the fork server at {address} stopped before the command finished; run it "
-                             "again (DPMERGE_FORKSERVER=0 runs it without the server)") from None
+            try:
+                socket.send_fds(connection, [_HEADER.pack(len(request))], [0, 1, 2])
+                connection.sendall(request)
+                pid = _PID.unpack(_receive(connection, _PID.size))[0]
+            except (OSError, ConnectionError) as error:
+                raise Unavailable(f"fork server at {address} did not start the command: {error}") from None
+            started.append(pid)
+            for number in pending:
+                _forward(pid, number)
+            try:
+                status = _STATUS.unpack(_receive(connection, _STATUS.size))[0]
+            except (OSError, ConnectionError):
+                # The command was started, so it must not run again here; its own end of the socket closes too,
+                # which kills it (_die_with_client).
+                raise SystemExit(f"error: the fork server at {address} stopped before the command finished; run "
+                                 "it again (DPMERGE_FORKSERVER=0 runs it without the server)") from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if pending and not started:
+                # No command started, and the caller would run it in this process: honour the signal instead
+                signal.raise_signal(pending[0])
     return status if status >= 0 else 128 - status
 
 
