@@ -17,7 +17,8 @@ the stream's generators and threads, as before issue 22). It prints median secon
 naive_dp/nonprivate per strategy, dp_merging/naive_dp, dp_sat_anchor/naive_dp, secure/keyed and keyed/one
 generator. The first three are paired: the median over repeats of the ratio of the two steps timed back to back
 in that repeat, with its distribution-free 95 % interval in brackets (bench/paired_ratio.py; at least 6 repeats
-for an interval), so a reader sees whether a target is met or only touched; the others are ratios of medians. It also times a nonprivate and a naive_dp step whose AdamW is torch's multi-tensor kernel instead of
+for an interval), so a reader sees whether a target is met or only touched; the others are ratios of medians.
+It also times a nonprivate and a naive_dp step whose AdamW is torch's multi-tensor kernel instead of
 the fused one the pipeline uses (training/dp_step.py: adamw) and prints naive_dp/nonprivate with that optimizer
 and fused/multi-tensor for each: the fused kernel takes the same time off both steps, so it shortens every
 step and raises the ratio.
