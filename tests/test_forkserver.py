@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -120,8 +121,6 @@ def test_killing_the_job_kills_its_forked_command(server, vectors, how):
 def held_server(tmp_path, start_command: bool):
     """A stand-in server that reads a client's request, then waits until the test has sent the client a signal
     before it answers: with the PID of a `sleep 60` it starts (start_command) or by closing the connection."""
-    import threading
-
     directory = tmp_path / "sockets"
     directory.mkdir(mode=0o700)
     address = directory / "held.sock"
@@ -133,10 +132,9 @@ def held_server(tmp_path, start_command: bool):
     def serve():
         connection, _ = listener.accept()
         with connection:
-            header, fds, *_ = socket.recv_fds(connection, forkserver._HEADER.size, 3)
+            _, fds = forkserver._read_request(connection)
             for fd in fds:
                 os.close(fd)
-            forkserver._receive(connection, forkserver._HEADER.unpack(header)[0])
             request_read.set()
             signalled.wait(30)
             time.sleep(0.5)  # the client's handler runs while it still waits for the PID

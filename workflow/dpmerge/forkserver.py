@@ -225,16 +225,21 @@ def serve(address: Path, idle_seconds: float = IDLE_SECONDS) -> None:
         listener.close()
 
 
+def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
+    """What call() sent: its request and its stdin, stdout and stderr descriptors."""
+    header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
+    if len(fds) != 3 or len(header) != _HEADER.size:
+        raise ConnectionError("malformed request")
+    return json.loads(_receive(connection, _HEADER.unpack(header)[0])), fds
+
+
 def _start_child(connection: socket.socket, listener: socket.socket, lock, children: dict) -> None:
     try:
         uid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
         if uid != os.getuid():
             raise PermissionError("another user")
         connection.settimeout(10)
-        header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
-        if len(fds) != 3 or len(header) != _HEADER.size:
-            raise ConnectionError("malformed request")
-        request = json.loads(_receive(connection, _HEADER.unpack(header)[0]))
+        request, fds = _read_request(connection)
         connection.settimeout(None)
     except (OSError, ValueError, ConnectionError, PermissionError):
         connection.close()
