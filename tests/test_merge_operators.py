@@ -202,7 +202,9 @@ def test_iso_c_by_hand_and_flat_spectrum():
 
 def test_iso_cts_with_only_common_space_is_iso_c():
     vectors = [{"w": randn(9, 6, seed=s)} for s in range(3)]
-    assert torch.allclose(iso_cts(vectors, common_space_fraction=1.0)["w"], iso_c(vectors)["w"], atol=1e-6)
+    expected = iso_c(vectors)["w"]  # within float32 rounding: Iso-C's polar factor comes from a float32 Gram
+    assert torch.allclose(iso_cts(vectors, common_space_fraction=1.0)["w"], expected,
+                          atol=1e-6 * float(expected.abs().max()))
     merged = iso_cts(vectors)["w"]
     singular = torch.linalg.svdvals(merged)
     assert torch.allclose(singular, singular.mean().expand_as(singular), rtol=1e-4)  # isotropic, full rank
