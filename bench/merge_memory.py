@@ -11,6 +11,14 @@ and prints wall time, peak RSS, and peak RSS above the bare interpreter (python 
 one model. Targets: peak RSS <= 2.5x one model for every streamable operator (issue 4), streamed <= 1.5x for
 every data-free one (issue 22; the last column, `-` where the operator reads data statistics).
 
+With `--fusion-bench WHEEL` (`pip download fusion-bench==0.2.33 --no-deps`), a third mode runs fusion_bench's own
+code in a fresh process the same way (all T vectors loaded, as its algorithms take them; the merged model
+written): TSV-M, Iso-C and Iso-CTS through its utility functions as bench/spectral_compute.py loads them, TIES
+through ties_merging_utils with its TiesMergingAlgorithm's steps (flatten, ties_merging, unflatten; threshold 20,
+sum, as its config). Its WUDI needs Lightning and Hydra, which this environment does not install. Without the
+wheel, issue 22's figures for fusion_bench (b03a37e, 8 vectors): TIES 13.6 s / 5.0 GB, WUDI (30 steps) 84 s /
+2.2 GB, TSV-M 32.6 s, Iso-C 10.6 s (wall, including its import).
+
 RegMean and Fisher read random statistics files in the `dpmerge statistics` format (a PSD Gram per weight
 matrix, a Fisher diagonal per tensor, per task). Personalized operators (EMR, TALL masks, DTS) also write every
 task's parts. WUDI's 300 Adam steps per matrix dominate its time; `--param wudi.iterations=N` times fewer.
@@ -77,12 +85,48 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
         merged = merge(operator, loaded, vectors, statistics, **hyper)
         save_tensors(out, {key: value if is_part(key) else base[key] + value for key, value in merged.items()},
                      {"operator": operator})
+    elif mode == "fusion_bench":
+        run_fusion_bench(Path(hyper.pop("_wheel")), operator, workdir, paths, out)
     elif mode != "baseline":
         raise ValueError(mode)
     seconds = time.perf_counter() - start
     peak = peak_rss_mib()
     print(json.dumps({"baseline_mib": baseline, "peak_mib": peak, "seconds": seconds}))
     out.unlink(missing_ok=True)
+
+
+# fusion_bench's counterparts that load without its Lightning/Hydra package (see the module docstring).
+FUSION_BENCH_OPERATORS = ("tsv_m", "iso_c", "iso_cts", "ties")
+
+
+def run_fusion_bench(wheel: Path, operator: str, workdir: Path, paths: list[str], out: Path) -> None:
+    import torch
+
+    from dpmerge.artifacts import load_tensors, save_tensors
+    from spectral_compute import _quiet, load_fusion_bench  # bench/, beside this script
+
+    fb = load_fusion_bench(wheel)
+    base, _ = load_tensors(workdir / "w0.safetensors")
+    loaded = [load_tensors(path)[0] for path in paths]
+    if operator == "tsv_m":
+        merged = _quiet(fb["tsvm"].compute_and_sum_svd_mem_reduction, loaded, accelerator="cpu")
+    elif operator == "iso_c":
+        merged = _quiet(fb["iso"].iso_c, loaded, accelerator="cpu")
+    elif operator == "iso_cts":
+        merged = _quiet(fb["iso"].iso_cts, loaded, common_space_fraction=0.8, accelerator="cpu")
+    elif operator == "ties":  # TiesMergingAlgorithm.run's steps, from fine-tuned checkpoints as its model pool
+        ties = fb["ties"]
+        for i, vector in enumerate(loaded):
+            loaded[i] = {key: base[key] + value for key, value in vector.items()}
+        flat_ft = torch.vstack([ties.state_dict_to_vector(check, []) for check in loaded])
+        flat_ptm = ties.state_dict_to_vector(base, [])
+        merged_tv = ties.ties_merging(flat_ft - flat_ptm, reset_thresh=20, merge_func="sum")
+        model = ties.vector_to_state_dict(flat_ptm + 0.3 * merged_tv, base, [])
+        save_tensors(out, dict(model), {"operator": "fusion_bench ties"})
+        return
+    else:
+        raise ValueError(f"no fusion_bench counterpart run here for {operator}")
+    save_tensors(out, {key: base[key] + merged[key] for key in base}, {"operator": f"fusion_bench {operator}"})
 
 
 def write_inputs(workdir: Path, tasks: int) -> int:
@@ -157,6 +201,9 @@ def main() -> None:
                              "--tasks (writing them takes minutes)")
     parser.add_argument("--modes", nargs="+", default=["stream", "in-memory"], choices=["stream", "in-memory"],
                         help="which of the two ways to run each operator")
+    parser.add_argument("--fusion-bench", type=Path, default=None, metavar="WHEEL",
+                        help="fusion_bench's wheel or unpacked source: also run its own code for "
+                             f"{', '.join(FUSION_BENCH_OPERATORS)} (default: ours only)")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "OPERATOR", "HYPER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -180,7 +227,8 @@ def main() -> None:
     from dpmerge.merge.registry import NEEDS_STATISTICS, OPERATORS
 
     def run(mode, spec):
-        params = json.dumps(hyper.get(spec.partition("@")[0], {}))
+        given = hyper.get(spec.partition("@")[0], {})
+        params = json.dumps({"_wheel": str(args.fusion_bench.resolve())} if mode == "fusion_bench" else given)
         result = subprocess.run([sys.executable, __file__, "--tasks", str(args.tasks), "--workdir", str(args.workdir),
                                  "--child", mode, spec, params], capture_output=True, text=True)
         if result.returncode != 0:
@@ -192,15 +240,29 @@ def main() -> None:
           f"{model_mib:.0f} MiB); bare interpreter with torch: {bare:.0f} MiB")
     if hyper:
         print(f"hyperparameters other than the defaults: {hyper}")
-    print(f"{'operator':18s} {'mode':10s} {'seconds':>8s} {'peak RSS MiB':>13s} {'models':>7s} {'above bare':>11s} "
+    print(f"{'operator':18s} {'mode':12s} {'seconds':>8s} {'peak RSS MiB':>13s} {'models':>7s} {'above bare':>11s} "
           f"{'<= 1.5x':>8s}")
+    against = []
     for spec in args.operators or [*OPERATORS, "ties@difference", "dts@difference"]:
-        for mode in args.modes:
-            r = run(mode, spec)
+        modes = list(args.modes)
+        if args.fusion_bench is not None and spec in FUSION_BENCH_OPERATORS:
+            modes.append("fusion_bench")
+        results = {}
+        for mode in modes:
+            r = results[mode] = run(mode, spec)
             within = "-" if mode != "stream" or spec.partition("@")[0] in NEEDS_STATISTICS else (
                 "yes" if r["peak_mib"] <= 1.5 * model_mib else "NO")
-            print(f"{spec:18s} {mode:10s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} {r['peak_mib'] / model_mib:7.2f} "
-                  f"{(r['peak_mib'] - bare) / model_mib:11.2f} {within:>8s}", flush=True)
+            print(f"{spec:18s} {mode:12s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} "
+                  f"{r['peak_mib'] / model_mib:7.2f} {(r['peak_mib'] - bare) / model_mib:11.2f} {within:>8s}",
+                  flush=True)
+        if "fusion_bench" in results and "stream" in results:
+            ours, theirs = results["stream"], results["fusion_bench"]
+            against.append(f"{spec:18s} {ours['seconds'] / theirs['seconds']:9.2f} "
+                           f"{ours['peak_mib'] / theirs['peak_mib']:13.2f}")
+    if against:
+        print("\nours streamed / fusion_bench's own code (one run each; wall includes reading and writing)")
+        print(f"{'operator':18s} {'seconds':>9s} {'peak RSS':>13s}")
+        print("\n".join(against))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ alternating (ours, theirs, ours, ...) so both see the same machine:
           code, without file reads)
   theirs  fusion_bench's compute_and_sum_svd_mem_reduction, iso_c and iso_cts (accelerator "cpu"), run from
           fusion_bench's own source files (the wheel or an unpacked copy: `pip download fusion-bench==0.2.33
-          --no-deps`); its package __init__ imports Lightning and Hydra, so only the two utility modules are
+          --no-deps`); its package __init__ imports Lightning and Hydra, so only the utility modules are
           loaded, with the two helpers they import (a timer, a type alias) stubbed
 It prints the median seconds of each, the ratio ours / theirs (issue 22's target: <= 0.5) as the median of the
 runs' paired ratios (ours in a run over theirs right after it) with its distribution-free 95 % interval
@@ -39,7 +39,8 @@ from dpmerge.cli_arguments import DescribedDefaultsShown  # noqa: E402
 from paired_ratio import describe  # noqa: E402  (bench/, beside this script)
 
 FILES = {"tsvm": "fusion_bench/method/task_singular_vector/utils/TSVM_utils.py",
-         "iso": "fusion_bench/method/isotropic_merging/iso_utils.py"}
+         "iso": "fusion_bench/method/isotropic_merging/iso_utils.py",
+         "ties": "fusion_bench/method/ties_merging/ties_merging_utils.py"}
 
 
 def vit_blocks(blocks: int, tasks: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -64,7 +65,8 @@ def _source(location: Path, relative: str) -> str:
 
 
 def load_fusion_bench(location: Path) -> dict[str, types.ModuleType]:
-    """fusion_bench's two utility modules, run from its own source, with its package's heavy imports stubbed."""
+    """fusion_bench's merge utility modules (FILES), run from its own source, with its package's heavy imports
+    stubbed."""
     utils = types.ModuleType("fusion_bench.utils")
     utils.timeit_context = lambda *args, **kwargs: contextlib.nullcontext()
     type_module = types.ModuleType("fusion_bench.utils.type")
