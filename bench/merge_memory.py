@@ -47,7 +47,7 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
+def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict, fusion_bench: Path | None) -> None:
     """Runs in a fresh process; prints its peak RSS in MiB as JSON. spec = OPERATOR or OPERATOR@difference."""
     operator, _, vectors = spec.partition("@")
     vectors = vectors or "task"
@@ -86,7 +86,7 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict) -> None:
         save_tensors(out, {key: value if is_part(key) else base[key] + value for key, value in merged.items()},
                      {"operator": operator})
     elif mode == "fusion_bench":
-        run_fusion_bench(Path(hyper.pop("_wheel")), operator, workdir, paths, out)
+        run_fusion_bench(fusion_bench, operator, workdir, paths, out)
     elif mode != "baseline":
         raise ValueError(mode)
     seconds = time.perf_counter() - start
@@ -207,7 +207,7 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, metavar=("MODE", "OPERATOR", "HYPER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.workdir, args.child[1], args.tasks, json.loads(args.child[2]))
+        child(args.child[0], args.workdir, args.child[1], args.tasks, json.loads(args.child[2]), args.fusion_bench)
         return
     hyper: dict[str, dict] = {}
     for item in args.param:
@@ -227,10 +227,10 @@ def main() -> None:
     from dpmerge.merge.registry import NEEDS_STATISTICS, OPERATORS
 
     def run(mode, spec):
-        given = hyper.get(spec.partition("@")[0], {})
-        params = json.dumps({"_wheel": str(args.fusion_bench.resolve())} if mode == "fusion_bench" else given)
+        params = json.dumps(hyper.get(spec.partition("@")[0], {}))
+        wheel = ["--fusion-bench", str(args.fusion_bench.resolve())] if mode == "fusion_bench" else []
         result = subprocess.run([sys.executable, __file__, "--tasks", str(args.tasks), "--workdir", str(args.workdir),
-                                 "--child", mode, spec, params], capture_output=True, text=True)
+                                 *wheel, "--child", mode, spec, params], capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(result.stderr[-2000:])
         return json.loads(result.stdout.strip().splitlines()[-1])

@@ -70,8 +70,10 @@ def _top_refined(tall: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     """The Gram's top k eigenvalues (ascending), eigenvectors and tall @ eigenvectors, float64, from the float32
     Gram's eigenvectors refined by Rayleigh-Ritz in float64; None where the top k are not RITZ_GAP apart from
     the rest within RITZ_SHARE of the width."""
+    width = tall.shape[1]
+    if k > width * RITZ_SHARE:  # more than the refinement may take, whatever the spectrum
+        return None
     eigenvalues, eigenvectors = torch.linalg.eigh(_gram(tall.float()), UPLO="U")
-    width = eigenvalues.shape[0]
     largest = eigenvalues[-1]
     kept = int((eigenvalues > eigenvalues[-k] - RITZ_GAP * largest).sum())  # the left-out ones sit RITZ_GAP below
     if not largest > 0 or kept > width * RITZ_SHARE:
