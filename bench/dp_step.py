@@ -73,7 +73,7 @@ class OpacusGhostClipper:
         self.module.disable_hooks()  # on only inside queries, so the interleaved non-private steps do not pay
         self.params = [p for p in self.module.parameters() if p.requires_grad]
 
-    def clipped_sum(self, features, labels, clip_norm):
+    def clipped_sum(self, features, labels, clip_norm, into=None, scale=1.0):
         self.module.enable_hooks()
         losses = F.cross_entropy(self.module(*features), labels, reduction="none")
         losses.sum().backward(retain_graph=True)
@@ -85,7 +85,11 @@ class OpacusGhostClipper:
         sums = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
-        return sums
+        if into is None:
+            return sums
+        for target, value in zip(into, sums):
+            target.add_(value, alpha=scale)
+        return into
 
     def close(self):
         self.module._close()

@@ -188,9 +188,10 @@ def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tm
     assert honest["verdict"] == "PASS" and honest["epsilon_lb"] <= honest["claimed_epsilon_at_audit_delta"]
     assert honest["target_epsilon"] == 0.5 and honest["canaries"] == 2000
 
-    class Silent:  # the noise stream of a broken implementation: sigma is recorded, nothing is added
-        def add_normal_(self, tensors, std):
-            pass
+    class Silent:  # the noise stream of a broken implementation: sigma is recorded, no noise is drawn
+        def normal_(self, tensors, std):
+            for tensor in tensors:
+                tensor.zero_()
 
     real_stream = randomness.MechanismRandomness.stream
     monkeypatch.setattr(randomness.MechanismRandomness, "stream", lambda self, name, device="cpu": (

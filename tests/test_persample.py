@@ -157,3 +157,31 @@ def test_unknown_strategy_is_refused_by_name():
         make_clipper(nn.Linear(2, 2), "ghosts")
     with pytest.raises(ValueError, match="per_sample_gradients"):
         FinetuneConfig(method="naive_dp", target_epsilon=1.0, per_sample_gradients="ghosts")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_clipped_sums_add_onto_the_tensors_they_are_given(strategy):
+    """The DP step draws the noise first and has the clipper add the clipped sums onto it (a product with
+    beta = 1 instead of a sum and a pass to add the noise): into + scale * sums (scale = 1 / B, folded into the
+    clip factors), the same tensors returned."""
+    model, make_batch = tiny_roberta()
+    features, labels = make_batch(4, torch.Generator().manual_seed(5))
+    clipper = make_clipper(model, strategy)
+    try:
+        expected = clipper.clipped_sum(features, labels, 0.5)
+        params = [p for p in model.parameters() if p.requires_grad]
+        start = [torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) for i, p in enumerate(params)]
+        into = [s.clone() for s in start]
+        got = clipper.clipped_sum(features, labels, 0.5, into=into, scale=0.25)
+        assert all(g is i for g, i in zip(got, into, strict=True))
+        for g, s, e in zip(got, start, expected):
+            assert torch.allclose(g, s + 0.25 * e, atol=1e-5)
+        # an empty batch adds nothing; tensors of the wrong shape are refused, not broadcast into
+        assert all(torch.equal(g, s) for g, s in zip(clipper.clipped_sum(
+            tuple(f[:0] for f in features), labels[:0], 0.5, into=[s.clone() for s in start]), start))
+        with pytest.raises(ValueError, match="one tensor per trainable parameter"):
+            clipper.clipped_sum(features, labels, 0.5, into=[s.clone() for s in start[:-1]])
+        with pytest.raises(ValueError, match="one tensor per trainable parameter"):
+            clipper.clipped_sum(features, labels, 0.5, into=[s.clone().reshape(-1) for s in start])
+    finally:
+        clipper.close()

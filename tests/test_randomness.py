@@ -31,7 +31,6 @@ from dpmerge.privacy.randomness import (
     _cpu_generators,
     _words_generator,
 )
-from dpmerge.privacy.randomness import _serial_chunks as randomness_chunks
 from dpmerge.privacy.study_key import (
     StudyKeyError,
     default_key_path,
@@ -120,17 +119,17 @@ def test_keyed_cpu_noise_is_cut_over_independent_generators_the_same_on_any_thre
 
     # below MIN_CUT_CALL in all (a top's step): nothing is cut, every draw comes from the first generator in order
     monkeypatch.setattr(randomness, "MIN_CUT_CALL", total + 1)
-    tensors = [torch.full(shape, 0.5) for shape in shapes]
-    GeneratorStream(*_cpu_generators(material)).add_normal_(tensors, 2.0)
+    tensors = [torch.full(shape, 0.5) for shape in shapes]  # what they held is overwritten, never read
+    GeneratorStream(*_cpu_generators(material)).normal_(tensors, 2.0)
     first = _cpu_generator(material)
-    assert all(torch.equal(t, 0.5 + 2.0 * torch.randn(t.shape, generator=first)) for t in tensors)
+    assert all(torch.equal(t, 2.0 * torch.randn(t.shape, generator=first)) for t in tensors)
 
     monkeypatch.setattr(randomness, "MIN_CUT_CALL", total)
     added = {}
     for threads in (1, 2, 3):
         torch_threads(threads)
         tensors = [torch.full(shape, 0.5) for shape in shapes]
-        GeneratorStream(*_cpu_generators(material)).add_normal_(tensors, 2.0)
+        GeneratorStream(*_cpu_generators(material)).normal_(tensors, 2.0)
         added[threads] = tensors
     for tensors in added.values():
         assert all(torch.equal(a, b) for a, b in zip(tensors, added[1]))
@@ -138,13 +137,13 @@ def test_keyed_cpu_noise_is_cut_over_independent_generators_the_same_on_any_thre
     generators = _cpu_generators(material)
     assert torch.equal(generators[0].get_state(), _cpu_generator(material).get_state())  # sampler streams unchanged
     # each generator draws, in the tensors' order, its piece of every cut tensor; the first also every small one
-    expected = [0.5 + 2.0 * torch.randn((3, 5), generator=generators[0])]
+    expected = [2.0 * torch.randn((3, 5), generator=generators[0])]
     for count in (NOISE_GENERATORS * MIN_PIECE + 7, 3 * MIN_PIECE):
         cut = min(NOISE_GENERATORS, count // MIN_PIECE)
         sizes = [len(piece) for piece in torch.empty(count).tensor_split(cut)]
-        expected.append(0.5 + 2.0 * torch.cat([torch.randn(size, generator=generators[index])
-                                               for index, size in enumerate(sizes)]))
-    expected.append(0.5 + 2.0 * torch.randn((2 * MIN_PIECE - 1,), generator=generators[0]))  # too small to cut
+        expected.append(2.0 * torch.cat([torch.randn(size, generator=generators[index])
+                                         for index, size in enumerate(sizes)]))
+    expected.append(2.0 * torch.randn((2 * MIN_PIECE - 1,), generator=generators[0]))  # too small to cut
     assert all(torch.equal(got.reshape(-1), want.reshape(-1)) for got, want in zip(added[1], expected))
 
 
@@ -157,7 +156,7 @@ def _thread_ids() -> tuple[set[int], set[int]]:
 def test_cut_noise_starts_no_openmp_team_off_the_main_thread(torch_threads, monkeypatch):
     """A pool thread that runs one parallel torch op gets an OpenMP team of its own that never exits, and past one
     OpenMP thread per core libgomp stops spinning between parallel regions: every later step, private or not, ran
-    slower (bench/dp_step.py's non-private baseline with it). The noise pool must draw and add in serial chunks."""
+    slower (bench/dp_step.py's non-private baseline with it). The noise pool must only draw (serially), never add."""
     from dpmerge.privacy import randomness
 
     torch_threads(2)
@@ -167,7 +166,7 @@ def test_cut_noise_starts_no_openmp_team_off_the_main_thread(torch_threads, monk
     before, python_before = _thread_ids()
     tensors = [torch.zeros(NOISE_GENERATORS * MIN_PIECE * 2), torch.zeros(3, 5)]
     stream = MechanismRandomness(TEST_STUDY_KEY, {"mechanism": "finetune"}).stream("gaussian_noise")
-    stream.add_normal_(tensors, 1.0)
+    stream.normal_(tensors, 1.0)
     pool = randomness._POOL
     try:
         assert pool is not None and len(pool._threads) >= 1  # the call did hand pieces to the pool
@@ -180,25 +179,22 @@ def test_cut_noise_starts_no_openmp_team_off_the_main_thread(torch_threads, monk
         pool.shutdown()
 
 
-def test_serial_chunks_stay_under_the_grain_and_never_leave_a_tail_under_16():
-    for count in (0, 1, 15, 16, 32752, 32753, 32767, 32768, 32752 * 3 + 15, 32752 * 3 + 16, 10**6 + 7):
-        chunks = randomness_chunks(count)
-        covered = [position for start, stop in chunks for position in (start, stop)]
-        assert covered == sorted(covered) and covered[1:-1:2] == covered[2::2]  # in order, each where the last stopped
-        assert (covered[0], covered[-1]) == (0, count) if count else chunks == []
-        assert all(stop - start < 32768 for start, stop in chunks)
-        assert all(stop - start >= 16 for start, stop in chunks[1:])
-
-
-def test_chunked_noise_equals_one_draw_over_the_whole_tensor():
-    """Drawing in chunks changes no value: each tensor gets what one randn over it would have given."""
-    for count in (7, 16, 32752 * 2 + 3, 32752 * 2 + 16, 100_003):
-        generator = _cpu_generator(b"c" * 32)
-        tensor = torch.full((count,), 0.25)
-        GeneratorStream(generator).add_normal_([tensor], 3.0)
-        reference = _cpu_generator(b"c" * 32)
-        assert torch.equal(tensor, torch.full((count,), 0.25).add_(torch.randn(count, generator=reference), alpha=3.0))
-        assert torch.equal(generator.get_state(), reference.get_state())
+def test_noise_overwrites_whatever_the_tensors_held_and_normal_is_the_same_draw():
+    """normal_ writes std * N(0, I) without reading the tensor (the DP step draws into uninitialised gradient
+    tensors, then adds the clipped sums onto them); normal() is that draw into a fresh tensor."""
+    for count in (7, 16, 32752 * 2 + 3, 100_003):
+        for start in (torch.full((count,), float("nan")), torch.full((count,), 1e30)):
+            generator = _cpu_generator(b"c" * 32)
+            GeneratorStream(generator).normal_([start], 2.0)
+            reference = _cpu_generator(b"c" * 32)
+            assert torch.equal(start, 2.0 * torch.randn(count, generator=reference))
+            assert torch.equal(generator.get_state(), reference.get_state())
+        assert torch.equal(GeneratorStream(_cpu_generator(b"c" * 32)).normal((count,)),
+                           torch.randn(count, generator=_cpu_generator(b"c" * 32)))
+    secure = SecureStream(b"s" * 32)
+    held = torch.full((5, 3), float("nan"))
+    secure.normal_([held], 2.0)
+    assert torch.equal(held, SecureStream(b"s" * 32).normal((5, 3)) * 2.0)
 
 
 def test_cut_noise_is_standard_gaussian_with_uncorrelated_pieces_and_resumes_from_its_state(monkeypatch):

@@ -64,9 +64,9 @@ def _words_generator(words: np.ndarray) -> torch.Generator:
 
 NOISE_GENERATORS = 4  # fixed, never the thread count: the draws must not depend on the machine
 MIN_PIECE = 1 << 16  # below this many coordinates per piece, handing a piece to a thread costs more than it saves
-# Below this many coordinates in one add_normal_ call nothing is cut: handing pieces to the pool costs more than
+# Below this many coordinates in one normal_ call nothing is cut: handing pieces to the pool costs more than
 # a small draw (a head's) takes. The embedded tops' steps (1.0M and 1.8M coordinates) are cut. That gains only
-# while torch's idle OpenMP worker lets the second core go soon after the clipped sum, which `dpmerge` arranges
+# while torch's idle OpenMP worker lets the second core go soon after the op before the draw, which `dpmerge` arranges
 # (openmp_wait.py); under libgomp's default spinning the pool thread drew beside a spinning worker and the cut
 # top was no faster (MiniLM top at 2^20: 1.38 and 1.36 x non-private against 1.34, 1.28 and 1.33 uncut).
 MIN_CUT_CALL = 1 << 19
@@ -82,24 +82,6 @@ def _cpu_generators(material: bytes) -> list[torch.Generator]:
             for index in range(NOISE_GENERATORS)]
 
 
-# Noise is drawn and added in chunks of at most this many coordinates, for the pool's sake: an op on fewer than
-# ATen's GRAIN_SIZE (32768) coordinates runs serially, whereas a larger one run from a thread other than the main
-# one makes libgomp start a second OpenMP team for that thread. Those threads never exit, and with more OpenMP
-# threads than cores libgomp stops spinning between parallel regions, which made every later step slower, private
-# or not (MiniLM top 28.5 -> 37.2 ms a non-private step, ViT-B/32 1.82 -> 1.86 s). A multiple of 16, so the
-# chunks hold exactly what one normal_ over the whole piece would (torch fills float32 in blocks of 16 and redraws
-# a tail shorter than 16, which _serial_chunks never leaves on its own); the draws are unchanged.
-_SERIAL_CHUNK = 32752
-
-
-def _serial_chunks(count: int) -> list[tuple[int, int]]:
-    """[start, stop) bounds covering range(count), each under 32768 long, every one but the last _SERIAL_CHUNK."""
-    starts = list(range(0, count, _SERIAL_CHUNK))
-    if len(starts) > 1 and count - starts[-1] < 16:
-        starts.pop()  # a tail under 16 joins the chunk before it (at most _SERIAL_CHUNK + 15 = 32767)
-    return list(zip(starts, starts[1:] + [count]))
-
-
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -112,7 +94,7 @@ def _pool() -> ThreadPoolExecutor:
 
 class GeneratorStream:
     """Draws from torch generators (the `keyed` mode, or plain seeded generators in tests). With more than one
-    generator, add_normal_ cuts a large tensor's n coordinates into min(generators, n // MIN_PIECE) contiguous
+    generator, normal_ cuts a large tensor's n coordinates into min(generators, n // MIN_PIECE) contiguous
     pieces, piece j from generator j, drawn on up to torch.get_num_threads() threads at once (torch releases the
     GIL while it fills a tensor). Each generator's sequence of draws is the same on any number of threads."""
 
@@ -129,17 +111,24 @@ class GeneratorStream:
         return torch.rand(count, generator=self.generator, device=self.generator.device)
 
     def normal(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
-        draw = torch.zeros(shape, dtype=dtype, device=self.generator.device)
-        self.add_normal_([draw], 1.0)
+        draw = torch.empty(shape, dtype=dtype, device=self.generator.device)
+        self.normal_([draw], 1.0)
         return draw
 
-    def add_normal_(self, tensors: list[torch.Tensor], std: float) -> None:
-        """tensor += std * N(0, I) for each tensor, in place, with no temporary larger than a chunk on the CPU
-        (_SERIAL_CHUNK coordinates) or one tensor on a GPU (never a second copy of a model). Each generator draws
-        in the tensors' order: the first for every tensor not cut, and piece j of each cut tensor comes from
-        generator j. Cut are the contiguous tensors of at least 2 * MIN_PIECE coordinates, when the call adds to
-        at least MIN_CUT_CALL coordinates in all."""
-        pieces = [[] for _ in self.generators]  # per generator, what it draws for, in the tensors' order
+    def normal_(self, tensors: list[torch.Tensor], std: float) -> None:
+        """Overwrite each tensor with std * N(0, I), its old values unread. Each generator draws in the tensors'
+        order: the first for every tensor not cut, and piece j of each cut tensor comes from generator j. Cut are
+        the contiguous tensors of at least 2 * MIN_PIECE coordinates, when the call fills at least MIN_CUT_CALL
+        coordinates in all.
+
+        Each piece is one normal_ call straight into the tensor, with no temporary: the caller draws the noise
+        first and adds the data's terms onto it (training/dp_step.privatized_gradient), so the noise costs no
+        pass of its own over the gradient. Nothing but normal_ runs on the pool's threads, and torch draws
+        normals serially, outside any OpenMP region: a parallel op there (an add over more than ATen's grain of
+        32768 coordinates) would start an OpenMP team for that thread, whose threads never exit, and with more
+        OpenMP threads than cores libgomp stops spinning between parallel regions, which made every later step
+        slower, private or not (MiniLM top 28.5 -> 37.2 ms a non-private step, ViT-B/32 1.82 -> 1.86 s)."""
+        pieces = [[] for _ in self.generators]  # per generator, what it draws into, in the tensors' order
         cutting = sum(tensor.numel() for tensor in tensors) >= MIN_CUT_CALL
         for tensor in tensors:
             cut = min(len(self.generators), tensor.numel() // MIN_PIECE) if cutting else 1
@@ -150,19 +139,8 @@ class GeneratorStream:
                 pieces[index].append(piece)
 
         def fill(index: int) -> None:
-            generator = self.generators[index]
-            chunk = None
             for piece in pieces[index]:
-                if piece.device.type != "cpu" or not piece.is_contiguous():  # never cut: the calling thread's
-                    piece.add_(torch.randn(piece.shape, generator=generator, dtype=piece.dtype, device=piece.device),
-                               alpha=std)
-                    continue
-                if chunk is None or chunk.dtype != piece.dtype:
-                    chunk = torch.empty(_SERIAL_CHUNK + 16, dtype=piece.dtype)
-                flat = piece.view(-1)
-                for start, stop in _serial_chunks(flat.numel()):
-                    draw = chunk[:stop - start].normal_(generator=generator)
-                    flat[start:stop].add_(draw, alpha=std)
+                piece.normal_(0.0, std, generator=self.generators[index])
 
         used = [index for index, assigned in enumerate(pieces) if assigned]
         workers = min(len(used), torch.get_num_threads())
@@ -225,9 +203,9 @@ class SecureStream:
         draws = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1)[:, :count]
         return (draws.sum(0) / 2.0).reshape(tuple(shape)).to(dtype=dtype, device=device)
 
-    def add_normal_(self, tensors: list[torch.Tensor], std: float) -> None:
+    def normal_(self, tensors: list[torch.Tensor], std: float) -> None:
         for tensor in tensors:
-            tensor.add_(self.normal(tensor.shape, tensor.dtype, tensor.device), alpha=std)
+            tensor.copy_(self.normal(tensor.shape, tensor.dtype, tensor.device)).mul_(std)
 
     layout = "shake256"
 

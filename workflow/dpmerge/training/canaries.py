@@ -3,7 +3,8 @@ black-box mislabeled examples in the training set.
 
 Canary j is an extra "example" whose per-example gradient is C e_j, C the clipping norm and e_j one coordinate
 of the released task vector (Steinke, Nasr & Jagielski, arXiv 2305.08846, Sec. 6: Dirac canaries). Its norm is
-exactly C, so clipping leaves it as it is, and it adds to the clipped sum before the noise like any example.
+exactly C, so clipping leaves it as it is, and it joins the clipped sum, the Gaussian mechanism's input, like
+any example (the DP step adds every term onto the noise it drew first; the order of the additions changes nothing).
 What makes the audit an audit of the accounted mechanism:
 - each canary is in the audited dataset with probability 1/2 (a secret coin), and an included canary joins a
   step's batch with the examples' sampling rate q (Poisson), drawn once per step, so DP-SAM's two queries see

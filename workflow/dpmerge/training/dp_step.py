@@ -31,9 +31,11 @@ import torch
 from dpmerge.training.methods import Method
 
 
-def clipped_gradient_sum(clipper, features: tuple[torch.Tensor, ...], labels: torch.Tensor, clip_norm: float):
-    """sum_i clip_C(grad l(w; z_i)) over the batch, one tensor per trainable parameter (see training/persample.py)."""
-    return clipper.clipped_sum(features, labels, clip_norm)
+def clipped_gradient_sum(clipper, features: tuple[torch.Tensor, ...], labels: torch.Tensor, clip_norm: float,
+                         into: list[torch.Tensor] | None = None, scale: float = 1.0):
+    """scale * sum_i clip_C(grad l(w; z_i)) over the batch, one tensor per trainable parameter (see
+    training/persample.py), added onto `into` (one tensor per parameter, in place) where given."""
+    return clipper.clipped_sum(features, labels, clip_norm, into=into, scale=scale)
 
 
 def privatized_gradient(
@@ -49,18 +51,21 @@ def privatized_gradient(
 ) -> list[torch.Tensor]:
     """Eq. (4): g~ = (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B. One query of the Gaussian mechanism.
 
-    `noise` is a secret stream (privacy/randomness.py: `add_normal_(tensors, std)`), never a publicly seeded one.
-    `extra_examples(summed)` adds the clipped gradients of examples that are not data (an audit's canaries,
-    training/canaries.py) to the sum, before the noise, as the examples' own.
+    `noise` is a secret stream (privacy/randomness.py: `normal_(tensors, std)` overwrites them with std * N(0, I)),
+    never a publicly seeded one. `extra_examples(summed, scale)` adds scale times the clipped gradients of examples
+    that are not data (an audit's canaries, training/canaries.py) to the sum, as the examples' own.
     """
-    summed = clipped_gradient_sum(clipper, features, labels, clip_norm)
+    # The noise N(0, (sigma C / B)^2 I) is drawn first, straight into the gradient's own tensors (no temporary,
+    # spread over the stream's generators and threads), and the clipped sums, their clip factors times 1 / B, are
+    # added onto it by the products that compute them (a GEMM with beta = 1). Drawing into fresh tensors, adding
+    # them to the sums and dividing by B cost two passes over the model of their own. The noise does not depend
+    # on the data, so when it is drawn changes nothing.
+    scale = 1.0 / float(expected_batch_size)
+    summed = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in clipper.params]
+    noise.normal_(summed, noise_multiplier * clip_norm * scale)
+    clipped_gradient_sum(clipper, features, labels, clip_norm, into=summed, scale=scale)
     if extra_examples is not None:
-        extra_examples(summed)
-    # All noise in one call, so the stream can spread it over its generators and threads; in place on the fresh
-    # sums: at ViT/RoBERTa scale every extra full-size temporary costs measurable time.
-    noise.add_normal_(summed, noise_multiplier * clip_norm)
-    for s in summed:
-        s.div_(expected_batch_size)
+        extra_examples(summed, scale)
     return summed
 
 

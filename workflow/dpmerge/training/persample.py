@@ -39,6 +39,16 @@ def clip_factors(squared_norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
     return 1.0 / torch.clamp(squared_norms.clamp(min=0).sqrt() / clip_norm, min=1.0)
 
 
+def _sums_into(params, into: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """Where a clipper adds its sums (scale * sum_i clip_C(g_i), `scale` e.g. 1 / B): the caller's tensors (one
+    per parameter, e.g. already holding the noise), or zeros."""
+    if into is None:
+        return [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
+    if len(into) != len(params) or any(t.shape != p.shape for t, p in zip(into, params)):
+        raise ValueError("clipped sums go into one tensor per trainable parameter, in the parameters' order and shapes")
+    return into
+
+
 class OpacusClipper:
     """Per-example gradients materialised by Opacus's GradSampleModule (vmap or hooks), then clipped and summed."""
 
@@ -54,9 +64,10 @@ class OpacusClipper:
         self.module.disable_hooks()
         self.params = [p for p in self.module.parameters() if p.requires_grad]
 
-    def clipped_sum(self, features, labels, clip_norm: float) -> list[torch.Tensor]:
+    def clipped_sum(self, features, labels, clip_norm: float, into=None, scale: float = 1.0) -> list[torch.Tensor]:
+        into = _sums_into(self.params, into)
         if labels.numel() == 0:
-            return [torch.zeros_like(p) for p in self.params]
+            return into
         self.module.zero_grad(set_to_none=True)
         self.module.enable_hooks()
         try:
@@ -67,9 +78,10 @@ class OpacusClipper:
             self.module.disable_hooks()
         # Norms, clipping and sums in float32 whatever precision the forward ran in.
         grads = PerExampleGradients({str(i): at_least_float32(p.grad_sample) for i, p in enumerate(self.params)})
-        sums = grads.clipped_sums(clip_factors(grads.squared_norms(), clip_norm))
+        factors = clip_factors(grads.squared_norms(), clip_norm) * scale
+        grads.add_clipped_sums(factors, {str(i): t for i, t in enumerate(into)})
         self.module.zero_grad(set_to_none=True)
-        return [sums[str(i)] for i in range(len(self.params))]
+        return into
 
     def close(self) -> None:
         self.module._close()  # remove hooks: the backbone is shared with later models in this process
@@ -121,7 +133,8 @@ class LayerGradients:
     """One layer call's per-example gradient information, from its inputs and output gradient.
 
     Built once per query and asked twice: for the per-example squared norms (summed over the layer's
-    parameters), then, once the clip factors are known, for the clipped sums per parameter name. A layer that
+    parameters), then, once the clip factors are known, to add the clipped sums onto the tensors named by its
+    parameters' names (only those present: a frozen parameter has none). A layer that
     needs the Gram of an activation, or an activation scaled by the factors, names it (gram_inputs,
     scaled_inputs) and receives it through a PerInput shared with the other layers.
     """
@@ -135,7 +148,8 @@ class LayerGradients:
     def squared_norms(self, grams: PerInput | None = None) -> torch.Tensor:  # (B,)
         raise NotImplementedError
 
-    def clipped_sums(self, factors: torch.Tensor, scaled: PerInput | None = None) -> dict[str, torch.Tensor]:
+    def add_clipped_sums(self, factors: torch.Tensor, out: dict[str, torch.Tensor],
+                         scaled: PerInput | None = None) -> None:
         raise NotImplementedError
 
 
@@ -148,8 +162,10 @@ class PerExampleGradients(LayerGradients):
     def squared_norms(self, grams=None):
         return sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in self.grads.values())
 
-    def clipped_sums(self, factors, scaled=None):
-        return {name: torch.einsum("i,i...->...", factors, g) for name, g in self.grads.items()}
+    def add_clipped_sums(self, factors, out, scaled=None):
+        for name, g in self.grads.items():
+            if name in out:
+                out[name].view(-1).addmv_(g.reshape(g.shape[0], -1).T, factors)
 
 
 def _ghost_norm_is_cheaper(a: torch.Tensor, g: torch.Tensor) -> bool:
@@ -185,18 +201,18 @@ class TokenLinearGradients(LayerGradients):
         norms = _linear_weight_squared_norms(self.a, self.g, grams)
         return norms + self.bias_grads.pow(2).sum(1) if self.has_bias else norms
 
-    def clipped_sums(self, factors, scaled=None):
-        # sum_i c_i G_i^T A_i: the factors scale whichever of A and G is smaller (a full copy of it)
-        a, g = self.a, self.g
-        if self.scaled_inputs():
-            a = scaled(a) if scaled is not None else a * factors[:, None, None]
-        else:
-            g = g * factors[:, None, None]
-        weight = g.reshape(-1, g.shape[2]).T @ a.reshape(-1, a.shape[2])
-        sums = {"weight": weight.reshape(self.weight_shape)}
-        if self.has_bias:
-            sums["bias"] = factors @ self.bias_grads
-        return sums
+    def add_clipped_sums(self, factors, out, scaled=None):
+        # sum_i c_i G_i^T A_i: the factors scale whichever of A and G is smaller (a full copy of it), and the
+        # product adds onto out (beta = 1), so a sum is never a tensor of its own
+        if "weight" in out:
+            a, g = self.a, self.g
+            if self.scaled_inputs():
+                a = scaled(a) if scaled is not None else a * factors[:, None, None]
+            else:
+                g = g * factors[:, None, None]
+            out["weight"].view(g.shape[2], a.shape[2]).addmm_(g.reshape(-1, g.shape[2]).T, a.reshape(-1, a.shape[2]))
+        if self.has_bias and "bias" in out:
+            out["bias"].addmv_(self.bias_grads.T, factors)
 
 
 class EmbeddingGradients(LayerGradients):
@@ -214,9 +230,10 @@ class EmbeddingGradients(LayerGradients):
         same_row = (self.ids[:, :, None] == self.ids[:, None, :]).to(self.g.dtype)
         return (same_row * _gram(self.g)).sum((1, 2))
 
-    def clipped_sums(self, factors, scaled=None):
-        weighted = (self.g * factors[:, None, None]).reshape(-1, self.g.shape[2])
-        return {"weight": torch.zeros_like(self.weight).index_add_(0, self.ids.reshape(-1), weighted)}
+    def add_clipped_sums(self, factors, out, scaled=None):
+        if "weight" in out:
+            weighted = (self.g * factors[:, None, None]).reshape(-1, self.g.shape[2])
+            out["weight"].index_add_(0, self.ids.reshape(-1), weighted)
 
 
 def _linear(module: nn.Linear, inputs, grad_output) -> LayerGradients:
@@ -322,9 +339,10 @@ class BookKeepingClipper:
         inputs = tuple(t.detach() for t in inputs)
         self._calls[id(module)] = _Call(inputs, output, tuple(t._version for t in (*inputs, output)))
 
-    def clipped_sum(self, features, labels, clip_norm: float) -> list[torch.Tensor]:
+    def clipped_sum(self, features, labels, clip_norm: float, into=None, scale: float = 1.0) -> list[torch.Tensor]:
+        into = _sums_into(self.params, into)
         if labels.numel() == 0:
-            return [torch.zeros_like(p) for p in self.params]
+            return into
         self._calls = {}
         self._recording = True
         try:
@@ -348,22 +366,21 @@ class BookKeepingClipper:
                 for (_, module, rule, call), grad_output in zip(layers, grad_outputs)
                 if grad_output is not None
             ]
-            return self._clipped_sums(gradients, labels.shape[0], clip_norm, loss)
+            self._add_clipped_sums(gradients, labels.shape[0], clip_norm, loss, into, scale)
+        return into
 
-    def _clipped_sums(self, gradients, batch: int, clip_norm: float, loss) -> list[torch.Tensor]:
+    def _add_clipped_sums(self, gradients, batch: int, clip_norm: float, loss, into, scale: float) -> None:
         grams = PerInput(_gram, [a for _, layer in gradients for a in layer.gram_inputs()])
         squared = torch.zeros(batch, dtype=loss.dtype, device=loss.device)
         for _, layer in gradients:
             squared = squared + layer.squared_norms(grams)
-        factors = clip_factors(squared, clip_norm)
+        factors = clip_factors(squared, clip_norm) * scale  # scale * sum_i c_i g_i: the same products
         scaled = PerInput(lambda x: x * factors[:, None, None],
                           [x for _, layer in gradients for x in layer.scaled_inputs()])
-        sums: dict[int, torch.Tensor] = {}
+        target = {id(p): tensor for p, tensor in zip(self.params, into)}
         for module, layer in gradients:
-            own = dict(module.named_parameters(recurse=False))
-            for param_name, value in layer.clipped_sums(factors, scaled).items():
-                sums[id(own[param_name])] = value
-        return [sums[id(p)] if id(p) in sums else torch.zeros_like(p) for p in self.params]
+            out = {name: target[id(p)] for name, p in module.named_parameters(recurse=False) if id(p) in target}
+            layer.add_clipped_sums(factors, out, scaled)
 
     def close(self) -> None:
         for handle in self._handles:
