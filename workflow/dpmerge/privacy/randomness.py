@@ -138,16 +138,13 @@ class GeneratorStream:
             for index, piece in enumerate(tensor.view(-1).tensor_split(cut)):
                 pieces[index].append(piece)
 
-        def fill(index: int) -> None:
-            for piece in pieces[index]:
-                piece.normal_(0.0, std, generator=self.generators[index])
-
         used = [index for index, assigned in enumerate(pieces) if assigned]
         workers = min(len(used), torch.get_num_threads())
 
         def fill_share(worker: int) -> None:  # generators dealt round-robin: each is only ever used by one worker
             for index in used[worker::workers]:
-                fill(index)
+                for piece in pieces[index]:
+                    piece.normal_(0.0, std, generator=self.generators[index])
 
         # The calling thread takes the first share (generator 0, with every tensor not cut) and the pool the rest.
         helpers = [_pool().submit(fill_share, worker) for worker in range(1, workers)]
