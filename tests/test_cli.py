@@ -38,6 +38,84 @@ def test_every_command_has_help(capsys):
         assert "usage: dpmerge " + command in shown and "%%" not in shown, command  # an escaped % shows as %
 
 
+def _listed_commands(capsys) -> dict[str, list[str]]:
+    """The top-level --help's command groups: heading -> the commands listed under it, in order."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    shown = capsys.readouterr().out
+    assert "{prepare," not in shown  # argparse's flat list of every command is gone
+    groups, heading = {}, None
+    for line in shown.splitlines():
+        if line.startswith(("Commands for researchers", "Pipeline steps")):
+            heading = line
+            groups[heading] = []
+        elif heading and (entry := re.match(r"^  ([a-z][\w-]*)\s{2,}\S", line)):
+            groups[heading].append(entry.group(1))
+        elif not line.strip():
+            heading = None
+    return groups
+
+
+def test_top_level_help_lists_researchers_commands_apart_from_pipeline_steps(capsys):
+    groups = _listed_commands(capsys)
+    assert [h.split(" (")[0] for h in groups] == ["Commands for researchers", "Pipeline steps"]
+    listed = [name for names in groups.values() for name in names]
+    assert sorted(listed) == COMMANDS  # each command once, none missing, none unknown
+    researchers, steps = groups.values()
+    assert {"merge", "ledger", "make-standins"} <= set(researchers) and {"finetune", "prepare"} <= set(steps)
+
+
+def _subparsers():
+    import argparse
+
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_every_argument_of_every_command_has_help():
+    import argparse
+
+    silent = [f"{command} {(action.option_strings or [action.dest])[-1]}"
+              for command, subparser in _subparsers().items() for action in subparser._actions
+              if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()]
+    assert not silent, silent
+
+
+def _example(help_text: str) -> list[str]:
+    """The argv of the example a --help ends with: its lines after 'Example:', backslash continuations joined."""
+    import shlex
+
+    head, marker, example = help_text.rpartition("\nExample:\n")
+    assert marker, "no example"
+    lines = example.rstrip("\n").split("\n")
+    assert all(line.startswith("  ") for line in lines), "the example is not the help's last block"
+    assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+    return shlex.split(" ".join(line.removesuffix("\\").strip() for line in lines))
+
+
+def test_every_researchers_command_help_ends_with_an_example_the_parser_accepts(capsys):
+    researchers = next(iter(_listed_commands(capsys).values()))
+    commands = _subparsers()
+    for command in researchers:
+        argv = _example(commands[command].format_help())
+        assert argv[:2] == ["dpmerge", command], argv
+        # the real parser: an option misspelt, missing or of the wrong type exits here and fails the test
+        try:
+            args = build_parser().parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"{command}'s example does not parse: {' '.join(argv)}\n{capsys.readouterr().err}")
+        assert args.command == command
+
+
+def test_statistics_help_says_held_out_data_is_private():
+    texts = {command: " ".join(subparser.format_help().split()) for command, subparser in _subparsers().items()}
+    assert "Data held out of a private training set (its test or validation split) is private" in texts["statistics"]
+    # "public data (held out of private training, free)" was the old wording: held-out data is never free
+    wrong = re.compile(r"public data \(held[- ]out|held[- ]out[^.;]{0,60}\b(free|no privacy (cost|budget))\b")
+    assert not {command: m.group(0) for command, text in texts.items() if (m := wrong.search(text))}
+
+
 def _flags_without_default(help_text: str, flags: list[str]) -> list[str]:
     silent = []
     for flag in flags:

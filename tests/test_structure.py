@@ -18,7 +18,8 @@ MAX_LINES = 600
 # Which rooms may import which: a room's own modules, plus the rooms listed (transitively lower floors).
 ROOMS_BELOW = {
     "cli": {"cli_arguments", "stages", "catalog", "config_check", "runtime"},
-    "cli_arguments": {"catalog"},  # the command line's parser, beside cli.py
+    "cli_arguments": {"catalog", "cli_help"},  # the command line's parser, beside cli.py
+    "cli_help": set(),  # the top-level --help's command groups and each researcher command's example
     # the `dpmerge` entry point: through the warm fork server, or cli in this process; stdlib only at import
     "launch": {"forkserver", "cli", "gpu_slots", "openmp_wait"},
     "gpu_slots": set(),  # stdlib only: the launcher claims a job's GPU before anything heavy is imported

@@ -1,5 +1,6 @@
 """The `dpmerge` command line's arguments: every subcommand with its flags, defaults and help texts (`dpmerge
 --help`, `dpmerge <command> --help`). cli.py parses with this parser and dispatches; nothing here runs a stage.
+The top-level help's two groups of commands and each researcher command's example come from cli_help.py.
 
 Torch-free: the merge operators listed in `merge --help` come from the catalog's operator specs.
 """
@@ -7,6 +8,8 @@ Torch-free: the merge operators listed in `merge --help` come from the catalog's
 from __future__ import annotations
 
 import argparse
+
+from dpmerge.cli_help import command_listing, example_epilog
 
 STUDY_KEY_HELP = ("the study's secret key file (created with mode 0600 if missing; the workflow keeps it at "
                   "<results>/private/study.key): it keys every random draw, so keep it private and back it up")
@@ -32,7 +35,14 @@ def _version() -> str:
 
 
 class DefaultsShown(argparse.HelpFormatter):
-    """Every optional flag's help ends with its default, so `--help` alone tells what a bare call does."""
+    """Every optional flag's help ends with its default, so `--help` alone tells what a bare call does. Prose is
+    wrapped to the terminal; a paragraph with indented lines (the command listing, an example) is printed as
+    written, so an example stays one command to copy."""
+
+    def _fill_text(self, text, width, indent):
+        fill = super()._fill_text
+        return "\n\n".join(paragraph if paragraph.startswith(" ") or "\n " in paragraph
+                           else fill(paragraph, width, indent) for paragraph in text.split("\n\n"))
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -61,17 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dpmerge",
         formatter_class=DefaultsShown,
         description="Differentially private fine-tuning, task vectors and data-free merging (DP-Merging).",
+        epilog=command_listing(),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Listed by the epilog in two groups, not as argparse's one flat {a,b,...} of every command
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>",
+                                help="one of the commands below; 'dpmerge <command> --help' shows its options "
+                                     "with their defaults")
 
     def add_figure_outputs(p):
         p.add_argument("--title", default="", help="figure title")
         p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
 
-    def add(name, help_text):
-        # argparse %-formats a help string but prints a description as written
-        return sub.add_parser(name, help=help_text, description=help_text.replace("%%", "%"),
+    def add(name, description):
+        return sub.add_parser(name, description=description, epilog=example_epilog(name),
                               formatter_class=DefaultsShown)
 
     spec_help = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0", "trainable_blocks": 1}\''
@@ -95,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("zeroshot-head",
             "CLIP zero-shot head of one task: text embeddings of its class names in the task's prompt templates.")
-    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare' (for the class names)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -104,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("prepare-data",
             "Download one of the paper's datasets into the data directory in the layout 'prepare' reads (online).")
     p.add_argument("--task", required=True, help="a vision task (sun397, cars, ...) or a GLUE task (cola, ...)")
-    p.add_argument("--data-dir", required=True)
+    p.add_argument("--data-dir", required=True,
+                   help="directory of the paper's datasets (the config's data.dir); the dataset lands under it in "
+                        "the layout 'prepare' reads (dpmerge/data/paper.py)")
 
     p = add("make-standins",
             "Write a tiny random CLIP and RoBERTa and tiny copies of the 16 paper datasets in their real formats.")
@@ -116,12 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the stand-ins' random weights and images")
 
     p = add("pretrained", "Save the pretrained weights w0 of the trainable (merged) parameters.")
-    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--out", required=True, help="output .safetensors")
 
     p = add("finetune", "Fine-tune one task privately and release its task vector and head.")
-    p.add_argument("--backbone", required=True)
+    p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
     p.add_argument("--method", required=True,
@@ -146,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
 
     p = add("audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box Dirac canaries "
-                     "(Steinke, Nasr & Jagielski, arXiv 2305.08846), the bound at 95 %% confidence beside the "
+                     "(Steinke, Nasr & Jagielski, arXiv 2305.08846), the bound at 95 % confidence beside the "
                      "accountant's epsilon for the run; FAIL when the bound exceeds it. The run is never released.")
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
@@ -274,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True, help="rows .parquet, one per task")
 
     p = add("noise-report", "The effective-noise table (PREFIX.parquet, .md, .tex) and figure: every setting's merge "
-                            "success against T (mean over seeds, 95 %% interval), with the best non-private "
+                            "success against T (mean over seeds, 95 % interval), with the best non-private "
                             "setting's T* marked; and the study's paired readings over seeds (PREFIX_readings.*).")
     p.add_argument("--rows", nargs="+", required=True, help="'dpmerge noise-scale' files")
     p.add_argument("--out-prefix", required=True,
@@ -303,11 +318,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept one task vector (default: refuse, a merge of one is usually a mistaken glob)")
 
     p = add("statistics",
-            "Per-task RegMean Gram matrices or Fisher diagonals of a release group's task models, on public data "
-            "(held out of private training, free) or on private training data (clipped, noised, and composed "
-            "with each task's fine-tuning budget; the total is recorded).")
-    p.add_argument("--kind", required=True, choices=["gram", "fisher"])
-    p.add_argument("--source", required=True, choices=["public", "private"])
+            "Per-task RegMean Gram matrices or Fisher diagonals of a release group's task models w0 + tau_t, the "
+            "--statistics of 'dpmerge merge --method regmean' or 'fisher'. --source public reads a fixed subset of "
+            "the training split of --public-data, a dataset you declare public: published and outside every "
+            "private training set (a file of one of the merged tasks is refused), so it spends no privacy "
+            "budget. --source private reads each task's own training data: a Poisson sample at rate examples/N "
+            "keyed by the study key, each example's whole contribution clipped to --clip-norm, Gaussian noise "
+            "calibrated to --epsilon at the task's delta, composed with the task's fine-tuning into a total "
+            "epsilon the file records and 'dpmerge ledger' checks. Data held out of a private training set (its "
+            "test or validation split) is private too, never --public-data.")
+    p.add_argument("--kind", required=True, choices=["gram", "fisher"],
+                   help="gram: each layer's input Gram matrix (regmean); fisher: the diagonal Fisher information "
+                        "(fisher)")
+    p.add_argument("--source", required=True, choices=["public", "private"],
+                   help="public: --public-data, at no privacy cost; private: the tasks' training data, privatized "
+                        "(needs --clip-norm, --epsilon and --study-key)")
     p.add_argument("--examples", type=int, default=256,
                    help="examples per task (default 256): private, the expected size of a Poisson sample at rate "
                         "examples/N; public, the size of a fixed subset of the public dataset")
@@ -315,11 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=float, help="private: the statistic's own epsilon at the task's delta")
     p.add_argument("--study-key", help="private: " + STUDY_KEY_HELP)
     p.add_argument("--public-data", help="public: the prepared file ('dpmerge prepare') of a dataset declared "
-                                         "public, outside every private training set")
+                                         "public, outside every private training set (a split held out of a "
+                                         "private task is private)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
-    p.add_argument("--task-vectors", nargs="+", required=True)
-    p.add_argument("--heads", nargs="+", required=True)
+    p.add_argument("--task-vectors", nargs="+", required=True,
+                   help="the release group's task vectors (.safetensors), one per task, as the merge will read them")
+    p.add_argument("--heads", nargs="+", required=True,
+                   help="their task heads, same order (fisher's loss reads them)")
     p.add_argument("--data", nargs="+", required=True, help="prepared task files, one per task vector")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
@@ -337,9 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True, help="output .parquet")
 
     p = add("drift", "Reference drift ||w_t - w0|| / ||w0|| per task vector (paper Fig. 3b).")
-    p.add_argument("--base", required=True)
-    p.add_argument("--task-vectors", nargs="+", required=True)
-    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
+    p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (.safetensors), one per task")
+    p.add_argument("-o", "--out", required=True, help="output .parquet: each task's drift and their mean")
 
     p = add("linearity",
             "Joint-task loss linearity (Theorem C.8) per task pair: delta_{s,t}(alpha) = L_JTL(alpha w_s + "
@@ -363,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
     p.add_argument("--merged", required=True, help="merged model (safetensors) the gap is measured to")
-    p.add_argument("--task-vectors", nargs="+", required=True)
+    p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (safetensors), one per task")
     p.add_argument("--heads", nargs="+", required=True, help="one head per task vector, same order")
     p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order")
     p.add_argument("--rho", type=float, default=0.05, help="sharpness radius (default 0.05)")
@@ -379,15 +407,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("interpolate", "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
-    p.add_argument("--base", required=True)
-    p.add_argument("--merged", required=True)
-    p.add_argument("--task-vectors", nargs="+", required=True)
-    p.add_argument("--heads", nargs="+", required=True)
-    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
+    p.add_argument("--merged", required=True, help="merged model .safetensors (gamma = 1)")
+    p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors, one per task (gamma = 0)")
+    p.add_argument("--heads", nargs="+", required=True, help="one head per task vector, same order")
+    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order")
     p.add_argument("--points", type=int, default=11, help="number of gamma values in [0, 1]")
     p.add_argument("--max-examples", type=int, default=200, help="seeded test subsample per task")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("-o", "--out", required=True)
+    p.add_argument("-o", "--out", required=True,
+                   help="output .parquet: loss and score per task and gamma, with each task's barrier")
 
     p = add("landscape",
             "2-D loss landscape of a merged model (paper App. B.4, Figs. 4, 5): every task's test loss and their "
@@ -446,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_figure_outputs(p)
 
     p = add("ledger", "Collect and check the privacy records of all released task vectors.")
-    p.add_argument("task_vectors", nargs="+")
+    p.add_argument("task_vectors", nargs="+",
+                   help="released task vectors (.safetensors); their privacy records are read from the metadata")
     p.add_argument("-o", "--out", required=True, help="ledger .parquet")
     p.add_argument("--report", required=True, help="ledger check report .md")
     p.add_argument("--statistics", nargs="*", help="merge statistics files (from 'dpmerge statistics')")
