@@ -6,6 +6,8 @@ here, not in the Snakefile, so the tests can try each bad config in-process inst
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import jsonschema
@@ -49,6 +51,7 @@ def check_config(config: dict) -> None:
             "the same private population), never public data. Give RegMean / Fisher statistics {data: private, "
             "clip_norm: C, epsilon: E} (privatized and composed), or declare a public dataset outside every "
             "private training set with backbones.<name>.public_data and use {data: public}")
+    coerce_config(config)
     try:
         validate(config, schema=str(SCHEMA))
     except WorkflowError as error:
@@ -92,6 +95,133 @@ def schema_error(config: dict, error: Exception) -> str:
                 message += f"; did you mean {close[0]!r} instead of {key!r}?"
         message += f" (allowed here: {', '.join(allowed)})"
     return message
+
+
+# What each JSON-schema type is called in a message. The readers take YAML's spellings, plus the exponent
+# without a dot (1e-3) that PyYAML reads as text but a user means as a number.
+TYPE_WORDS = {"null": "null", "boolean": "true or false", "integer": "a whole number", "number": "a number",
+              "string": "text", "array": "a list", "object": "a mapping"}
+_NOT_READ = object()
+_INTEGER = re.compile(r"[-+]?[0-9]+")
+_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+
+def _read_number(text: str):
+    if _INTEGER.fullmatch(text):
+        return int(text)  # as a config file's 4 reads
+    return float(text) if _NUMBER.fullmatch(text) and math.isfinite(float(text)) else _NOT_READ
+
+
+_READERS = {
+    "null": lambda text: None if text in ("", "~", "null", "Null", "NULL") else _NOT_READ,
+    "boolean": lambda text: {"true": True, "yes": True, "on": True, "false": False, "no": False,
+                             "off": False}.get(text.lower(), _NOT_READ),
+    "integer": lambda text: int(text) if _INTEGER.fullmatch(text) else _NOT_READ,
+    "number": _read_number,
+}
+
+
+def coerce_config(config: dict) -> None:
+    """Give each value the type the schema asks for where it arrived as text, in place, before validation.
+
+    `snakemake --config` reads the items of a value with YAML's base loader, which keeps every scalar as text:
+    `seeds=[0]` arrives as ['0'], `finetune={lr: 1e-3}` as {'lr': '1e-3'}; and `epsilons=4` is one number where
+    a list is asked for. Values a config file typed already pass unchanged. A text the schema's type cannot read
+    raises ConfigError naming the field and the expected type. Merge hyperparameters take their default's type
+    (merge/specs.py); one that does not read as it is left for check_hyperparameters, which names the default."""
+    try:
+        coerced = _coerce(config, _coercion_schema(), "")
+    except ConfigError as error:
+        raise error.with_traceback(None) from None  # Snakemake prints the frames: not the recursion's
+    merges = coerced.get("merge")
+    for name, entry in merges.items() if isinstance(merges, dict) else ():
+        operator = entry.get("operator", name) if isinstance(entry, dict) else None
+        if isinstance(operator, str) and operator in OPERATORS:
+            _coerce_hyperparameters(entry, OPERATORS[operator].defaults)
+    config.update(coerced)
+
+
+def _coerce_hyperparameters(entry: dict, defaults: dict) -> None:
+    for key, default in defaults.items():
+        kind = "boolean" if isinstance(default, bool) else "number" if isinstance(default, (int, float)) else None
+        read = _READERS[kind](entry[key].strip()) if kind and isinstance(entry.get(key), str) else _NOT_READ
+        if read is not _NOT_READ:
+            entry[key] = read
+
+
+def _coercion_schema() -> dict:
+    """The config schema with the finetune settings' types where it only says `object` (by_method entries and
+    the backbones' finetune, which _check_finetune_overrides validates): used to read values, never to validate."""
+    schema = yaml.safe_load(SCHEMA.read_text())
+    settings = _finetune_settings_schema()
+    schema["properties"]["finetune"]["properties"]["by_method"]["additionalProperties"] = settings
+    schema["properties"]["backbones"]["additionalProperties"]["properties"]["finetune"] = {
+        "type": "object",
+        "properties": {**settings["properties"], "by_method": {"type": "object", "additionalProperties": settings}}}
+    return schema
+
+
+def _coerce(value, schema: dict, path: str):
+    alternatives = schema.get("oneOf") or schema.get("anyOf")
+    if alternatives:
+        return _coerce_alternatives(value, alternatives, path)
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    if types == ["array"] and value is not None and not isinstance(value, (list, dict)):
+        value = [value]  # one value where a list is asked for: `--config epsilons=4`
+    where = f"{path}." if path else ""
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_coerce(item, schema["items"], f"{where}{i}") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        return {key: _coerce(item, sub, f"{where}{key}") if (sub := _property_schema(schema, key)) else item
+                for key, item in value.items()}
+    if isinstance(value, str) and types:
+        return _read_text(value, types, path)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and types == ["string"]:
+        return str(value)  # `--config results=2024`: Snakemake made a number of a folder name
+    return value
+
+
+def _property_schema(schema: dict, key: str) -> dict | None:
+    found = schema.get("properties", {}).get(key, schema.get("additionalProperties"))
+    return found if isinstance(found, dict) else None
+
+
+def _read_text(text: str, types: list[str], path: str):
+    for kind in ("null", "boolean", "integer", "number"):
+        if kind in types and (read := _READERS[kind](text.strip())) is not _NOT_READ:
+            return read
+    if "string" in types:
+        return text
+    raise ConfigError(f"{path or 'config'}: {text!r} is not of type {' or '.join(repr(t) for t in types)}: "
+                      f"expected {' or '.join(TYPE_WORDS.get(t, t) for t in types)}")
+
+
+def _coerce_alternatives(value, alternatives: list[dict], path: str):
+    """The first alternative's reading that the alternative accepts (`trainable_blocks`: 2 or all); where none
+    does, ConfigError saying what each would take (jsonschema says only "not valid under any")."""
+    for alternative in alternatives:
+        try:
+            reading = _coerce(value, alternative, path)
+        except ConfigError:
+            continue
+        if jsonschema.validators.validator_for(alternative)(alternative).is_valid(reading):
+            return reading
+    raise ConfigError(f"{path or 'config'}: {value!r} is not valid here: expected "
+                      f"{' or '.join(_describe(alternative) for alternative in alternatives)}")
+
+
+def _describe(schema: dict) -> str:
+    if "const" in schema:
+        return repr(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(map(repr, schema["enum"]))
+    types = schema.get("type", [])
+    words = " or ".join(TYPE_WORDS.get(t, t) for t in ([types] if isinstance(types, str) else types)) or "a value"
+    bounds = [f"{word} {schema[key]}" for key, word in (("minimum", "at least"), ("exclusiveMinimum", "above"),
+                                                         ("maximum", "at most"), ("exclusiveMaximum", "below"))
+              if key in schema]
+    return f"{words} ({', '.join(bounds)})" if bounds else words
 
 
 def _check_backbones(config):

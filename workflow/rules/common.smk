@@ -29,7 +29,8 @@ from dpmerge.catalog import (
     sweep_label,
 )
 
-# The schema (with its defaults filled in) and every check it cannot express, before any job: dpmerge/config_check.py
+# Before any job: --config's text read by the schema's types (`seeds=[0]` arrives as ['0']), the schema with its
+# defaults filled in, and every check it cannot express (dpmerge/config_check.py).
 check_config(config)
 
 RESULTS = config["results"]
