@@ -48,6 +48,7 @@ standin: install
 dry-run: install
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
 
+# As root, the real-Slurm test installs Slurm (apt-get) and starts it; DPMERGE_TEST_SLURM=0 make test skips it.
 test: install
 	# -rs: a skipped test says why (e.g. the real-Slurm test where apt-get is unavailable); the 15 slowest listed
 	$(BIN)/python -m pytest -q -rs --durations=15 tests

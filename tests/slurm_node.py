@@ -23,8 +23,25 @@ PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "munged", "munge"]
 
 
+# `DPMERGE_TEST_SLURM=0 make test`: a workstation run as root keeps its packages and daemons (CI, as root, leaves
+# it unset and gets the real cluster).
+OPT_OUT = "DPMERGE_TEST_SLURM"
+
+
 class Unavailable(Exception):
     """This machine cannot host the test cluster; the message says why."""
+
+
+def opted_out(environ=os.environ) -> str | None:
+    """Why the real-Slurm test is turned off by OPT_OUT, or None where it runs (unset, the default, or 1).
+    ValueError names the variable for a value that is neither."""
+    value = environ.get(OPT_OUT, "")
+    if value.strip().lower() in ("", "1", "true", "yes", "on"):
+        return None
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return (f"{OPT_OUT}={value} turns the real-Slurm test off (unset it, or set 1, to install Slurm with "
+                "apt-get and start its daemons, as root)")
+    raise ValueError(f"{OPT_OUT}={value!r}: expected 0 (skip the real-Slurm test) or 1 (run it; the default)")
 
 
 def _program(name: str) -> str | None:

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -134,6 +135,14 @@ def test_fine_tune_killed_by_sigterm_resumes_on_the_next_run(reference_run, tmp_
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     try:
+        reason, refused = slurm_node.opted_out(), None
+    except ValueError as error:
+        reason, refused = None, str(error)
+    if refused:
+        pytest.fail(refused, pytrace=False)
+    if reason:
+        pytest.skip(reason)
+    try:
         slurm_node.install()
         node = slurm_node.SlurmNode(tmp_path_factory.mktemp("slurm")).start()
     except slurm_node.Unavailable as why:
@@ -142,7 +151,8 @@ def slurm(tmp_path_factory):
     node.stop()
 
 
-def test_slurm_profile_run_with_a_cancelled_fine_tune_matches_the_local_run(reference_run, slurm, tmp_path):
+# slurm first: an opted-out or unavailable cluster skips before the reference run is made
+def test_slurm_profile_run_with_a_cancelled_fine_tune_matches_the_local_run(slurm, reference_run, tmp_path):
     share_study_key(reference_run, tmp_path)
     run = start_snakemake(
         tmp_path, "--workflow-profile", str(ROOT / "profiles/slurm"),
@@ -168,3 +178,29 @@ def test_slurm_profile_run_with_a_cancelled_fine_tune_matches_the_local_run(refe
     assert task in resumed_tasks(tmp_path), output[-3000:]
     # 2 task vectors, 2 heads, 2 merges, the pretrained weights; 3 score files, Table 1, the ledger's 2 tables
     assert_same_results(tmp_path, reference_run, released=7, tables=6)
+
+
+@pytest.mark.parametrize("value,runs", [(None, True), ("1", True), ("", True), ("0", False), ("false", False),
+                                        ("off", False)])
+def test_the_real_slurm_test_is_on_unless_the_variable_turns_it_off(value, runs):
+    environ = {} if value is None else {slurm_node.OPT_OUT: value}
+    reason = slurm_node.opted_out(environ)
+    assert (reason is None) == runs
+    assert runs or reason.startswith(f"DPMERGE_TEST_SLURM={value} turns the real-Slurm test off")
+
+
+def test_an_unreadable_opt_out_value_is_refused_naming_the_variable():
+    with pytest.raises(ValueError, match=r"DPMERGE_TEST_SLURM='maybe': expected 0 \(skip the real-Slurm test\)"):
+        slurm_node.opted_out({slurm_node.OPT_OUT: "maybe"})
+
+
+def test_opting_out_skips_the_real_slurm_test_with_its_reason_before_anything_runs(tmp_path):
+    # no apt-get on this PATH: were the opt-out ignored, install() could not start installing Slurm here either,
+    # and the skip would give the other reason
+    env = {**snakemake_env(), "PATH": str(tmp_path), slurm_node.OPT_OUT: "0"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "--setup-show", "-p", "no:cacheprovider",
+                             __file__, "-k", "test_slurm_profile_run"], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "1 skipped" in result.stdout and "DPMERGE_TEST_SLURM=0 turns the real-Slurm test off" in result.stdout
+    assert "SETUP    M slurm" in result.stdout and "reference_run" not in result.stdout  # no reference run made
