@@ -131,12 +131,33 @@ def _markdown_table(rows: list[list[str]], names: list[str] = HEADER) -> list[st
     return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
 
 
+# The report's front page. Snakemake 9's report template (its components/content.js) sets this page's HTML in a
+# 32rem text column (Tailwind's max-w-lg) of a row flex box beside the rule graph, and centres that box vertically
+# in a scrolling window: a table wider than the column spilled under the graph, and a page taller than the window
+# lost its top (the title) out of scrolling reach. So the table sits in a box of its own that scrolls sideways
+# when it must, which overlaps nothing wherever the template puts it; and, in browsers with :has() (all current
+# ones), this page widens its column, puts the graph below it and starts at the top. The <style> is part of the
+# page's own HTML, so it applies only while the front page is shown. Snakemake passes the page through Jinja:
+# no "{" directly before "{", "%" or "#" here.
+ANSWER_BOX = "dpmerge-answer"
+FRONT_PAGE_CSS = f"""\
+.{ANSWER_BOX} {{ overflow-x: auto; max-width: 100%; }}
+.prose:has(.{ANSWER_BOX}) {{ max-width: 72rem; }}
+div:has(> #rulegraph):has(.{ANSWER_BOX}) {{ flex-direction: column; }}
+div:has(> div > #rulegraph):has(.{ANSWER_BOX}) {{ align-items: flex-start; }}"""
+
+
 def _rst_table(rows: list[list[str]], names: list[str] = HEADER) -> list[str]:
-    lines = [".. list-table::", "   :header-rows: 1", ""]
+    lines = [f".. container:: {ANSWER_BOX}", "", "   .. list-table::", "      :header-rows: 1", ""]
     for cells in [names, *rows]:
-        lines.append("   * - " + (cells[0] or " "))
-        lines += [f"     - {cell or ' '}" for cell in cells[1:]]
+        lines.append("      * - " + (cells[0] or " "))
+        lines += [f"        - {cell or ' '}" for cell in cells[1:]]
     return lines
+
+
+def _rst_style() -> list[str]:
+    return [".. raw:: html", "", "   <style>", *[f"   {line}" for line in FRONT_PAGE_CSS.splitlines()],
+            "   </style>", ""]
 
 
 def audit_line(summary: pd.DataFrame) -> str:
@@ -181,8 +202,8 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
     audits = [audit_line(pd.read_parquet(audit_table)), ""] if audit_table else []
     markdown = [f"# {title}", "", intro, "", *_markdown_table(rows, names), "", *[f"- {s}" for s in summary], "",
                 ledger_line, "", *audits, "Files: " + ", ".join(f"`{link}`" for link in links), ""]
-    rst = [title, "=" * len(title), "", intro, "", *_rst_table(rows, names), "", *[f"- {s}" for s in summary], "",
-           f"**{ledger_line}**", "", *audits,
+    rst = [title, "=" * len(title), "", *_rst_style(), intro, "", *_rst_table(rows, names), "",
+           *[f"- {s}" for s in summary], "", f"**{ledger_line}**", "", *audits,
            "Table 1 and the ablation (Table 5) with every task are under **Tables**, the diagnostics "
            "under **Figures**, the ledger under **Privacy**. Files: "
            + ", ".join(f"``{link}``" for link in links), ""]
