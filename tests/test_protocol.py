@@ -40,3 +40,34 @@ def test_each_kind_takes_the_candidate_with_the_best_mean_over_the_private_metho
     assert list(frame["chosen"]) == [False, True, True]
     with pytest.raises(ValueError, match="no private method"):
         choose({"d": {"kind": "k"}}, {"d": table(nonprivate=80)})
+
+
+def test_the_cheapest_candidate_within_one_standard_error_of_the_best_is_chosen():
+    settings = {"kind": "k", "trainable_blocks": 1}
+    candidates = {"best": {**settings, "epochs": 2.0}, "cheap_tied": {**settings, "epochs": 1.0},
+                  "cheap_behind": {**settings, "epochs": 1.0, "lr": 0.1}, "all_blocks": {**settings,
+                  "trainable_blocks": "all", "epochs": 1.0}}
+    tables = {"best": table(naive_dp=50, dp_merging=40, dp_sam=46, dp_anchor=44),  # pooled 45
+              # gaps to best +6, -4, +2, +0: mean 1.0, standard error sqrt(52/3)/2 = 2.08 -> tied
+              "cheap_tied": table(naive_dp=44, dp_merging=44, dp_sam=44, dp_anchor=44),
+              # gaps +3, +3.5, +2.5, +3: mean 3.0, standard error 0.20 -> behind, though cheap
+              "cheap_behind": table(naive_dp=47, dp_merging=36.5, dp_sam=43.5, dp_anchor=41),
+              "all_blocks": table(naive_dp=50, dp_merging=40, dp_sam=46, dp_anchor=44)}  # level, costs most
+    frame = choose(candidates, tables).set_index("candidate")
+    assert frame.loc["cheap_tied", "gap to best"] == pytest.approx(1.0)
+    assert frame.loc["cheap_tied", "gap SE"] == pytest.approx((52 / 3) ** 0.5 / 2)
+    assert list(frame["tied"]) == [True, True, False, True]
+    assert list(frame["chosen"]) == [False, True, False, False]
+    assert frame.loc["all_blocks", "cost"] == float("inf")
+
+
+def test_equal_costs_go_to_the_higher_pooled_score_and_one_method_shows_no_tie():
+    candidates = {"a": {"kind": "k", "trainable_blocks": 1, "epochs": 1.0},
+                  "b": {"kind": "k", "trainable_blocks": 1, "epochs": 1.0},
+                  "c": {"kind": "k", "trainable_blocks": 1, "epochs": 0.5}}
+    # a's gaps to the best (b): +2, -1 -> mean 0.5, standard error 1.5 -> tied at the same cost
+    tables = {"a": table(naive_dp=40, dp_merging=45), "b": table(naive_dp=42, dp_merging=44),
+              "c": table(naive_dp=42)}  # shares one method with the best: its gap has no standard error
+    frame = choose(candidates, tables).set_index("candidate")
+    assert list(frame["tied"]) == [True, True, False]
+    assert list(frame["chosen"]) == [False, True, False]

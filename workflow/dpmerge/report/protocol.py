@@ -1,13 +1,22 @@
-"""The training-budget protocol's choice: per backbone kind, the candidate setting (trainable blocks, learning
-rate, epochs, batch size) whose private methods' individual models score best on average on a validation split
-held out of each task's training data. The rule is fixed before anything is merged, is the same for every
-method (all private methods share the chosen setting, as they share one prepared trunk), and reads no test
-example and no merged model.
+"""The training-budget protocol's choice: per backbone kind, the cheapest candidate setting (trainable blocks,
+learning rate, epochs, batch size) whose private methods' individual models score, on a validation split held out
+of each task's training data, within one standard error of the best candidate's. The rule is the same for every
+method (all private methods share the chosen setting, as they share one prepared trunk) and reads no test example
+and no merged model.
+
+The tie rule, one standard error of the paired difference: the best candidate is the one with the highest mean
+over the private methods ("pooled"); another candidate ties with it when the mean of its per-method differences
+from the best is at most their standard error (sample standard deviation / sqrt(methods)); with one seed per
+candidate, single methods move by several points between neighbouring settings, so a smaller gap is noise, not
+evidence. Among the tied candidates the cheapest wins (training cost: epochs x trainable blocks, the trained
+part's passes over the data; "all" blocks costs most), and equal costs go to the higher pooled score.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import math
 
 import pandas as pd
 
@@ -27,21 +36,53 @@ def individual_averages(table: pd.DataFrame) -> dict[str, float]:
     return found
 
 
+def training_cost(settings: dict) -> float:
+    """Epochs x trainable blocks: how many times the trained part of the network sees each example."""
+    blocks = settings.get("trainable_blocks")
+    blocks = math.inf if blocks in (None, "all") else float(blocks)
+    return float(settings.get("epochs") or 1.0) * blocks
+
+
+def gap_to_best(best: dict[str, float], other: dict[str, float]) -> tuple[float, float]:
+    """(mean, standard error) of best - other over the private methods both ran; the error is NaN with fewer
+    than two such methods, so no tie can be shown."""
+    differences = [best[m] - other[m] for m in best if m in other]
+    if not differences:
+        return math.nan, math.nan
+    mean = sum(differences) / len(differences)
+    if len(differences) < 2:
+        return mean, math.nan
+    variance = sum((d - mean) ** 2 for d in differences) / (len(differences) - 1)
+    return mean, math.sqrt(variance / len(differences))
+
+
 def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per candidate: its kind and settings, each private method's validation average, their mean
-    ('pooled') and whether it is its kind's choice (the highest pooled; ties go to the first listed)."""
-    rows = []
+    ('pooled'), its gap to its kind's best with the gap's standard error, whether it ties with the best, its
+    training cost, and whether it is its kind's choice (the cheapest tied candidate; see the module's rule)."""
+    rows, averages_of = [], {}
     for name, settings in candidates.items():
         averages = individual_averages(tables[name])
         if not averages:
             raise ValueError(f"candidate {name}: its Table 1 has no private method's individual row")
+        averages_of[name] = averages
         rows.append({"candidate": name, "kind": settings["kind"], **{s: settings.get(s) for s in SETTINGS},
                      **{f"{METHOD_LABELS[m]} (validation)": v for m, v in averages.items()},
-                     "pooled": sum(averages.values()) / len(averages)})
+                     "pooled": sum(averages.values()) / len(averages), "cost": training_cost(settings)})
     frame = pd.DataFrame(rows)
+    frame["gap to best"] = math.nan
+    frame["gap SE"] = math.nan
+    frame["tied"] = False
     frame["chosen"] = False
     for _, group in frame.groupby("kind", sort=False):
-        frame.loc[group["pooled"].idxmax(), "chosen"] = True
+        best = group["pooled"].idxmax()  # ties in pooled go to the first listed
+        for index in group.index:
+            gap, error = gap_to_best(averages_of[frame.at[best, "candidate"]], averages_of[frame.at[index, "candidate"]])
+            frame.loc[index, ["gap to best", "gap SE"]] = [gap, error] if index != best else [0.0, 0.0]
+            frame.at[index, "tied"] = bool(index == best or gap <= error)  # False where NaN
+        tied = frame.loc[group.index][frame.loc[group.index, "tied"]]
+        cheapest = tied.sort_values(["cost", "pooled"], ascending=[True, False], kind="stable").index[0]
+        frame.at[cheapest, "chosen"] = True
     return frame
 
 
@@ -50,13 +91,15 @@ def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
     lines = ["# Training budget: the protocol's choice", "",
              "Every candidate fine-tuned the private methods on each task with a seeded part of the task's training "
              f"split held out as validation ({seeds} seed(s)); the score is the individual models' average over "
-             "tasks on that validation split (0-100). Rule, fixed before anything was merged: per backbone kind, "
-             "the candidate with the highest mean over the private methods ('pooled'). No test example and no "
-             "merged model was read.", "",
+             "tasks on that validation split (0-100). Rule: per backbone kind, the best candidate has the highest "
+             "mean over the private methods ('pooled'); a candidate ties with it when its mean per-method gap to the "
+             "best is at most the gap's standard error; the cheapest tied candidate (epochs x trainable blocks; "
+             "equal costs: the higher pooled) is chosen. No test example and no merged model was read.", "",
              "| " + " | ".join(list(shown.columns) + ["chosen"]) + " |",
              "|" + "|".join(["---"] * (len(shown.columns) + 1)) + "|"]
     for (_, row), chosen in zip(shown.iterrows(), frame["chosen"]):
-        cells = [f"{v:.1f}" if isinstance(v, float) and c not in ("lr",) else str(v) for c, v in row.items()]
+        cells = [("yes" if v else "") if c == "tied" else f"{v:.1f}" if isinstance(v, float) and c != "lr" else str(v)
+                 for c, v in row.items()]
         lines.append("| " + " | ".join(cells + ["**yes**" if chosen else ""]) + " |")
     return "\n".join(lines) + "\n"
 
