@@ -234,8 +234,11 @@ TABLE_OPERATOR = config["tables"]["operator"]
 
 
 # The model diagnostics (curvature, linearity, interpolation) are the DAG's slowest jobs; a study may run them
-# on its first seeds only. Drift, merges and scores run on every seed.
-DIAGNOSED_SEEDS = SEEDS[: config["diagnostics"].get("seeds") or len(SEEDS)] if OPERATOR_NAMES else []
+# on its first seeds only (drift then runs on every seed), or not at all (seeds: 0, the demo's answer needs none
+# of them: no drift either, and none of the figures that read them).
+_DIAGNOSED = config["diagnostics"].get("seeds")
+DIAGNOSTICS = bool(OPERATOR_NAMES) and _DIAGNOSED != 0
+DIAGNOSED_SEEDS = (SEEDS if _DIAGNOSED is None else SEEDS[:_DIAGNOSED]) if DIAGNOSTICS else []
 # The training-budget protocol (presets/protocol.yaml): individual models scored on a validation split held out
 # of each task's training data, no merges, and the choice of budget (rule select_budget).
 PROTOCOL = bool(config["data"].get("validation_fraction"))
@@ -500,7 +503,7 @@ def backbone_drift(wildcards):
 
 def all_figures():
     figures = []
-    if not OPERATOR_NAMES:
+    if not DIAGNOSTICS:  # every figure here reads a diagnostic
         return figures
     for b in config["backbones"]:
         figures.append(FIGURE_GAP_BOUND.format(backbone=b))
@@ -518,7 +521,7 @@ def all_targets():
     targets += [PROTOCOL_CHOICE] if PROTOCOL else []
     targets += [ANSWER, ANSWER_RST] if OPERATOR_NAMES else []
     for g in all_groups():
-        if g["merges"]:
+        if g["merges"] and DIAGNOSTICS:
             targets.append(DRIFT.format(**g))
         if g["curvature"]:
             targets += [CURVATURE.format(**g), LINEARITY.format(**g)]
