@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo full noise mixing protocol test install dry-run standin clean
+.PHONY: demo study full noise mixing protocol test install dry-run standin clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,12 @@ demo: install
 	$(BIN)/snakemake --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local
 	# every table and figure, captioned, in one self-contained HTML file
 	$(BIN)/snakemake --cores 1 --configfile config.yaml --workflow-profile profiles/local --report results/report.html
+
+# The study: the demo's backbones, tasks and budget on every method (ablations, DPSAT), Tables 1, 5 and 8 with
+# intervals, the curvature, drift and interpolation figures; five seeds, in results_study/.
+study: install
+	$(BIN)/snakemake --cores $(CORES) --configfile presets/study.yaml --workflow-profile profiles/local
+	$(BIN)/snakemake --cores 1 --configfile presets/study.yaml --workflow-profile profiles/local --report results_study/report.html
 
 # The full embedded study: every operator, every diagnostic, the sweeps (Tables 4, 6, 7), in results_full/.
 full: install
@@ -54,4 +60,4 @@ test: install
 	$(BIN)/python -m pytest -q -rs --durations=15 tests
 
 clean:
-	rm -rf results results_full results_noise results_mixing results_protocol results_standin standins .snakemake
+	rm -rf results results_study results_full results_noise results_mixing results_protocol results_standin standins .snakemake
