@@ -31,8 +31,9 @@ def test_the_page_carries_table_1s_paired_intervals_and_the_ledger_verdict(tmp_p
                  out_markdown=str(tmp_path / "a.md"), out_rst=str(tmp_path / "a.rst"), links=["t1.html"])
     page = (tmp_path / "a.md").read_text()
     # differences 4, 5, 6: mean 5, t(0.975, 2) * 1 / sqrt(3) = 2.48 -> [+2.5, +7.5], starred
-    assert "| toy, ε = 4 | TIES | 40.0 | 50.0 | +5.0 [+2.5, +7.5]* | -2.0 [-4.5, +0.5] |  | 80.0 |" in page
-    assert "| toy, ε = 4 | Weight Averaging | 40.0 | 50.0 | +2.0 [-0.5, +4.5] | +0.0 [+0.0, +0.0] |  | 80.0 |" in page
+    assert "| toy, ε = 4 | TIES | 40.0 | 50.0 | +5.0 [+2.5, +7.5]* | -2.0 [-4.5, +0.5] | 80.0 |" in page
+    assert "| toy, ε = 4 | Weight Averaging | 40.0 | 50.0 | +2.0 [-0.5, +4.5] | +0.0 [+0.0, +0.0] | 80.0 |" in page
+    assert "w/o flatness" not in page  # dp_anchor did not run: no empty column for it
     assert "above 0 with 95 % confidence under 1 of 2 operators and below 0 under 0" in page
     # merged averages 50 (DP), 55 and 52 (DP-Merging), 48 and 50 (w/o alignment) against Pretrained's 40
     assert "toy, ε = 4: 6 of 6 private merges score above the Pretrained row (40.0); the best is DP-Merging + TIES" \
@@ -98,7 +99,7 @@ def test_the_page_sums_up_the_audits_table_with_its_largest_bounds_and_failures(
     assert "1 with a bound above its claim (FAIL)" in audit_line(summary)
 
 
-def test_dpsats_columns_join_the_page_only_where_its_runs_are_in_table_1(tmp_path):
+def test_dpsats_and_the_ablations_columns_join_the_page_only_where_their_runs_are_in_table_1(tmp_path):
     ledger = tmp_path / "ledger_check.json"
     ledger.write_text('{"verdict": "PASS", "problems": []}')
     base = {"naive_dp": {"ties": [0, 0, 0]}, "dp_merging": {"ties": [4, 5, 6]}}
@@ -107,7 +108,8 @@ def test_dpsats_columns_join_the_page_only_where_its_runs_are_in_table_1(tmp_pat
         write_answer(tables={"toy": str(tmp_path / f"{name}.parquet")}, ledger=str(ledger),
                      out_markdown=str(tmp_path / f"{name}.md"), out_rst=str(tmp_path / f"{name}.rst"), links=[])
     assert "DPSAT" not in (tmp_path / "without.md").read_text()
+    assert "w/o" not in (tmp_path / "without.md").read_text()
     page = (tmp_path / "with.md").read_text()
     assert "| DPSAT + anchor − DP (one query) | Non-private + operator |" in page
-    assert "| toy | TIES |  | 50.0 | +5.0 [+2.5, +7.5]* |  |  | +2.0 [-0.5, +4.5] |  |" in page
+    assert "| toy | TIES |  | 50.0 | +5.0 [+2.5, +7.5]* | +2.0 [-0.5, +4.5] |  |" in page
     assert "DPSAT − DP (one query)" not in page  # dp_sat itself did not run
