@@ -2,11 +2,12 @@
 compute, for the same small DAG run twice side by side: every job a fresh process (DPMERGE_FORKSERVER=0, how
 every job ran before the fork server) and every job forked from the warm server (=1, the local default).
 
-    .venv/bin/python bench/startup.py [--workdir /tmp/dpmerge-startup-bench] [--cores 2] [--order off,on]
+    .venv/bin/python bench/startup.py [--grid demo] [--workdir /tmp/dpmerge-startup-bench] [--cores 2] [--order off,on]
 
-The DAG is the embedded default's (config.yaml: its training budget, data sizes and settings) on a smaller
-grid: both backbones, their first two tasks, naive DP and DP-Merging, one seed, weight averaging and task
-arithmetic, the curvature and interpolation diagnostics. Wall time per job is Snakemake's benchmark file (`s`);
+--grid demo (the default) runs the demo itself, config.yaml as it is (every job of make demo but the report);
+--grid small runs its settings on a smaller grid that also has diagnostics: both backbones, their first two tasks,
+naive DP and DP-Merging, one seed, weight averaging and task arithmetic, curvature and interpolation. --order on
+runs the forked mode alone (the demo as users run it). Wall time per job is Snakemake's benchmark file (`s`);
 in-job compute is the sum of the job's `[compute]` log lines (dpmerge.runtime.compute_section: the training
 loop, the merge, the evaluation, the statistics, a diagnostic's loops, the trunk features), so everything else
 (process start, imports, loading and hashing inputs, calibration, writing) is overhead. Prints, per rule and
@@ -33,22 +34,25 @@ COMPUTE = re.compile(r"^\[compute\] .*: ([0-9.]+) s$", re.MULTILINE)
 MODES = {"off": "0", "on": "1"}
 
 
-def small_config(results: Path) -> dict:
+def bench_config(grid: str, results: Path) -> dict:
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["results"] = str(results)
+    if grid == "demo":
+        return config
     for spec in config["backbones"].values():
         spec["tasks"] = spec["tasks"][:2]
     config.update(results=str(results), seeds=[0], methods=["naive_dp", "dp_merging"],
                   merge={name: config["merge"][name] for name in ("weight_averaging", "task_arithmetic")})
-    config["diagnostics"]["seeds"] = 1
+    config["diagnostics"] = {"seeds": 1}
     config["tables"]["operator"] = "task_arithmetic"
     return config
 
 
-def run_mode(mode: str, workdir: Path, cores: int) -> float:
+def run_mode(mode: str, grid: str, workdir: Path, cores: int) -> float:
     folder = workdir / mode
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(small_config(folder / "results")))
+    (folder / "config.yaml").write_text(yaml.safe_dump(bench_config(grid, folder / "results")))
     env = {**os.environ, "DPMERGE_FORKSERVER": MODES[mode]}
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--cores",
@@ -80,32 +84,52 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dpmerge-startup-bench"),
                         help="where both runs write (default: %(default)s)")
     parser.add_argument("--cores", type=int, default=2, help="snakemake --cores (default: %(default)s)")
-    parser.add_argument("--order", default="off,on", help="modes in the order they run (default: %(default)s)")
+    parser.add_argument("--order", default="off,on",
+                        help="modes in the order they run, or one mode alone (default: %(default)s)")
+    parser.add_argument("--grid", choices=("demo", "small"), default="demo",
+                        help="the demo's DAG (config.yaml) or the smaller one with diagnostics (default: %(default)s)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="read a run already made (its results folder, e.g. results) instead of running "
+                             "(default: run)")
     args = parser.parse_args(argv)
     order = args.order.split(",")
-    if sorted(order) != sorted(MODES):
-        parser.error(f"--order must name {', '.join(MODES)} once each")
+    if len(set(order)) != len(order) or not set(order) <= set(MODES):
+        parser.error(f"--order must name {' and/or '.join(MODES)}, each at most once")
     totals, rules = {}, {}
-    for mode in order:
+    if args.results:  # a run already made: its own benchmark files and logs, one mode
+        rules[args.results.name] = per_rule(args.results)
+    for mode in [] if args.results else order:
         print(f"[startup] DAG with DPMERGE_FORKSERVER={MODES[mode]} ...", file=sys.stderr, flush=True)
-        totals[mode] = run_mode(mode, args.workdir, args.cores)
+        totals[mode] = run_mode(mode, args.grid, args.workdir, args.cores)
         rules[mode] = per_rule(args.workdir / mode / "results")
-    print(f"{'rule':22s} {'jobs':>4s} | {'fresh process: wall':>19s} {'compute':>8s} {'overhead':>8s} | "
-          f"{'forked: wall':>12s} {'compute':>8s} {'overhead':>8s} | wall on/off")
-    everything = {mode: [] for mode in MODES}
-    for rule in sorted(rules["off"]):
-        off, on = rules["off"][rule], rules["on"].get(rule, [])
-        everything["off"] += off
-        everything["on"] += on
-        (w0, c0, o0), (w1, c1, o1) = overhead(off), overhead(on)
-        print(f"{rule:22s} {len(off):4d} | {w0:17.1f} s {c0:6.1f} s {o0:7.0f} % | {w1:10.1f} s {c1:6.1f} s "
-              f"{o1:7.0f} % | {w1 / w0 if w0 else float('nan'):.2f}")
-    (w0, c0, o0), (w1, c1, o1) = overhead(everything["off"]), overhead(everything["on"])
-    print(f"{'all jobs':22s} {len(everything['off']):4d} | {w0:17.1f} s {c0:6.1f} s {o0:7.0f} % | {w1:10.1f} s "
-          f"{c1:6.1f} s {o1:7.0f} % | {w1 / w0:.2f}")
-    print(f"snakemake wall: fresh processes {totals['off']:.1f} s, forked {totals['on']:.1f} s, ratio "
-          f"{totals['on'] / totals['off']:.2f} (--cores {args.cores})")
+    report(rules, totals, args.cores)
 
+
+def report(rules: dict[str, dict], totals: dict[str, float], cores: int) -> None:
+    """Per rule and in all, for each mode: jobs, Σ wall, Σ compute, overhead share; with two modes, the ratio."""
+    modes = list(rules)
+    label = {"off": "fresh process", "on": "forked"}
+    print(f"{'rule':22s} {'jobs':>4s} | " + " | ".join(
+        f"{label.get(m, m) + ': wall':>19s} {'compute':>8s} {'overhead':>8s}" for m in modes)
+        + (" | wall on/off" if modes == ["off", "on"] or modes == ["on", "off"] else ""))
+    everything = {mode: [] for mode in modes}
+    names = sorted({rule for mode in modes for rule in rules[mode]})
+    for rule in names + ["all jobs"]:
+        cells, walls = [], {}
+        for mode in modes:
+            jobs = everything[mode] if rule == "all jobs" else rules[mode].get(rule, [])
+            if rule != "all jobs":
+                everything[mode] += jobs
+            wall, compute, share = overhead(jobs)
+            walls[mode] = wall
+            cells.append(f"{wall:17.1f} s {compute:6.1f} s {share:7.0f} %")
+        count = len(everything[modes[0]]) if rule == "all jobs" else len(rules[modes[0]].get(rule, []))
+        ratio = f" | {walls['on'] / walls['off']:.2f}" if set(walls) == set(MODES) and walls["off"] else ""
+        print(f"{rule:22s} {count:4d} | " + " | ".join(cells) + ratio)
+    if totals:
+        print("snakemake wall: " + ", ".join(f"{label[m]} {t:.1f} s" for m, t in totals.items())
+              + (f", ratio on/off {totals['on'] / totals['off']:.2f}" if set(totals) == set(MODES) else "")
+              + f" (--cores {cores})")
 
 if __name__ == "__main__":
     main()

@@ -162,3 +162,35 @@ def test_standin_task_vectors_add_onto_an_open_clip_model(standin_run, tmp_path)
     state = model.state_dict()
     state.update({key: state[key] + value for key, value in merged.items()})
     model.load_state_dict(state)  # strict: every key and shape is open_clip's
+
+
+# ------------------------------------------------------------------------------------- demo and study
+
+def test_the_demo_runs_the_main_question_only_and_the_study_adds_its_diagnostics(tmp_path):
+    """make demo answers Table 1 (no ablations, no diagnostics); make study runs the same grid with every method
+    and the diagnostics: the first runs in minutes only because the second holds the rest."""
+    demo, study = preset("../config.yaml"), preset("study.yaml")
+    seeds, backbones = len(demo["seeds"]), len(demo["backbones"])
+    tasks = {len(b["tasks"]) for b in demo["backbones"].values()}.pop()
+    operators = len(demo["merge"])
+    counts = job_counts(tmp_path / "demo", "--configfile", str(ROOT / "config.yaml"))
+    methods = demo["methods"]
+    assert {"dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor"}.isdisjoint(methods)
+    assert counts["finetune"] == backbones * tasks * seeds * len(methods)
+    merged = [m for m in methods if m != "pretrained_head"]  # the Pretrained row is scored, never merged
+    assert counts["merge"] == backbones * seeds * len(merged) * operators
+    assert counts["table1"] == backbones and "answer" in counts and "privacy_ledger" in counts
+    for diagnostic in ("drift", "curvature", "linearity", "interpolation", "table5", "figure_sharpness_drift"):
+        assert diagnostic not in counts, f"the demo runs {diagnostic}"
+
+    assert {k: v for k, v in study.items() if k not in ("results", "methods", "diagnostics")} == \
+        {k: v for k, v in demo.items() if k not in ("results", "methods", "diagnostics")}, \
+        "the study is the demo's grid and budget on more methods"
+    assert study["results"] != demo["results"]
+    counts = job_counts(tmp_path / "study", "--configfile", str(ROOT / "presets/study.yaml"))
+    assert counts["finetune"] == backbones * tasks * seeds * len(study["methods"])
+    assert counts["drift"] == backbones * seeds * (len(study["methods"]) - 1)
+    assert counts["curvature"] == counts["linearity"] == backbones * study["diagnostics"]["seeds"] * \
+        (len(study["methods"]) - 1)
+    assert counts["table5"] == counts["table1"] == backbones
+    assert counts["figure_sharpness_drift"] == backbones
