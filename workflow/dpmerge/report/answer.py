@@ -207,8 +207,8 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
                 ledger_line, "", *audits, "Files: " + ", ".join(f"`{link}`" for link in links), ""]
     rst = [title, "=" * len(title), "", *_rst_style(), intro, "", *_rst_table(rows, names), "",
            *[f"- {s}" for s in summary], "", f"**{ledger_line}**", "", *audits,
-           "Table 1 and the ablation (Table 5) with every task are under **Tables**, the diagnostics "
-           "under **Figures**, the ledger under **Privacy**. Files: "
+           "Every table with every task is under **Tables**, the ledger under **Privacy**, and the "
+           "diagnostics' figures, where the study ran them (not the demo), under **Figures**. Files: "
            + ", ".join(f"``{link}``" for link in links), ""]
     if description:
         rst += ["About this workflow", "-------------------", "", Path(description).read_text()]
