@@ -1,4 +1,4 @@
-# The two commands of the README:  make demo  (install + run the whole DAG)  and  make test  (install + tests).
+# The two commands of the README:  make demo  (install + the embedded default: the answer, its tables, ledger and report)  and  make test  (install + tests).
 PYTHON ?= python3.11
 VENV ?= .venv
 CORES ?= 2
