@@ -38,8 +38,8 @@ def individual_averages(table: pd.DataFrame) -> dict[str, float]:
 
 def training_cost(settings: dict) -> float:
     """Epochs x trainable blocks: how many times the trained part of the network sees each example."""
-    blocks = settings.get("trainable_blocks")
-    blocks = math.inf if blocks in (None, "all") else float(blocks)
+    blocks = settings.get("trainable_blocks", 1)  # the schema's default
+    blocks = math.inf if blocks == "all" else float(blocks if blocks is not None else 1)
     return float(settings.get("epochs") or 1.0) * blocks
 
 
