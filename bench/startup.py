@@ -1,14 +1,14 @@
 """What a DAG job costs beyond its own work: per rule, the sum of job wall times against the sum of in-job
-compute, for the same small DAG run twice side by side: every job a fresh process (DPMERGE_FORKSERVER=0, how
+compute, for the same DAG run twice side by side: every job a fresh process (DPMERGE_FORKSERVER=0, how
 every job ran before the fork server) and every job forked from the warm server (=1, the local default).
 
     .venv/bin/python bench/startup.py [--grid demo] [--workdir /tmp/dpmerge-startup-bench] [--cores 2] [--order off,on]
 
 --grid demo (the default) runs the demo itself, config.yaml as it is (every job of make demo but the report);
 --grid small runs its settings on a smaller grid that also has diagnostics: both backbones, their first two tasks,
-naive DP and DP-Merging, one seed, weight averaging and task arithmetic, curvature and interpolation. --order on
-runs the forked mode alone (the demo as users run it). Wall time per job is Snakemake's benchmark file (`s`);
-in-job compute is the sum of the job's `[compute]` log lines (dpmerge.runtime.compute_section: the training
+naive DP and DP-Merging, one seed, weight averaging and task arithmetic, the study's curvature and
+interpolation. --order on runs the forked mode alone (the demo as users run it). Wall time per job is
+Snakemake's benchmark file (`s`); in-job compute is the sum of the job's `[compute]` log lines (dpmerge.runtime.compute_section: the training
 loop, the merge, the evaluation, the statistics, a diagnostic's loops, the trunk features), so everything else
 (process start, imports, loading and hashing inputs, calibration, writing) is overhead. Prints, per rule and
 in all, the overhead's share of wall time in each mode and the ratio of wall times (on / off).
@@ -43,7 +43,8 @@ def bench_config(grid: str, results: Path) -> dict:
         spec["tasks"] = spec["tasks"][:2]
     config.update(results=str(results), seeds=[0], methods=["naive_dp", "dp_merging"],
                   merge={name: config["merge"][name] for name in ("weight_averaging", "task_arithmetic")})
-    config["diagnostics"] = {"seeds": 1}
+    # the study's diagnostics (presets/study.yaml: lighter than the schema's defaults) on the one seed
+    config["diagnostics"] = {**yaml.safe_load((ROOT / "presets" / "study.yaml").read_text())["diagnostics"], "seeds": 1}
     config["tables"]["operator"] = "task_arithmetic"
     return config
 

@@ -77,7 +77,8 @@ def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame]) -> pd.D
     for _, group in frame.groupby("kind", sort=False):
         best = group["pooled"].idxmax()  # ties in pooled go to the first listed
         for index in group.index:
-            gap, error = gap_to_best(averages_of[frame.at[best, "candidate"]], averages_of[frame.at[index, "candidate"]])
+            best_averages = averages_of[frame.at[best, "candidate"]]
+            gap, error = gap_to_best(best_averages, averages_of[frame.at[index, "candidate"]])
             frame.loc[index, ["gap to best", "gap SE"]] = [gap, error] if index != best else [0.0, 0.0]
             frame.at[index, "tied"] = bool(index == best or gap <= error)  # False where NaN
         tied = frame.loc[group.index][frame.loc[group.index, "tied"]]
