@@ -8,9 +8,9 @@ every job ran before the fork server) and every job forked from the warm server 
 --grid small runs its settings on a smaller grid that also has diagnostics: both backbones, their first two tasks,
 naive DP and DP-Merging, one seed, weight averaging and task arithmetic, the study's curvature and
 interpolation. --order on runs the forked mode alone (the demo as users run it). Wall time per job is
-Snakemake's benchmark file (`s`); in-job compute is the sum of the job's `[compute]` log lines (dpmerge.runtime.compute_section: the training
-loop, the merge, the evaluation, the statistics, a diagnostic's loops, the trunk features), so everything else
-(process start, imports, loading and hashing inputs, calibration, writing) is overhead. Prints, per rule and
+Snakemake's benchmark file (`s`); in-job compute is the sum of the job's `[compute]` log lines
+(dpmerge.runtime.compute_section: the training loop, the merge, the evaluation, the statistics, a diagnostic's
+loops, the trunk features), so everything else (process start, imports, loading and hashing inputs, calibration, writing) is overhead. Prints, per rule and
 in all, the overhead's share of wall time in each mode and the ratio of wall times (on / off).
 """
 
