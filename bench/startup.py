@@ -2,7 +2,8 @@
 compute, for the same DAG run twice side by side: every job a fresh process (DPMERGE_FORKSERVER=0, how
 every job ran before the fork server) and every job forked from the warm server (=1, the local default).
 
-    .venv/bin/python bench/startup.py [--grid demo] [--workdir /tmp/dpmerge-startup-bench] [--cores 2] [--order off,on]
+    .venv/bin/python bench/startup.py [--grid demo] [--workdir /tmp/dpmerge-startup-bench] [--cores 2]
+                                      [--order off,on] [--results DIR]
 
 --grid demo (the default) runs the demo itself, config.yaml as it is (every job of make demo but the report);
 --grid small runs its settings on a smaller grid that also has diagnostics: both backbones, their first two tasks,
@@ -10,8 +11,9 @@ naive DP and DP-Merging, one seed, weight averaging and task arithmetic, the stu
 interpolation. --order on runs the forked mode alone (the demo as users run it). Wall time per job is
 Snakemake's benchmark file (`s`); in-job compute is the sum of the job's `[compute]` log lines
 (dpmerge.runtime.compute_section: the training loop, the merge, the evaluation, the statistics, a diagnostic's
-loops, the trunk features), so everything else (process start, imports, loading and hashing inputs, calibration, writing) is overhead. Prints, per rule and
-in all, the overhead's share of wall time in each mode and the ratio of wall times (on / off).
+loops, the trunk features), so everything else (process start, imports, loading and hashing inputs,
+calibration, writing) is overhead. Prints, per rule and in all, the overhead's share of wall time in each mode and
+the ratio of wall times (on / off).
 """
 
 from __future__ import annotations
