@@ -43,7 +43,7 @@ def bench_config(grid: str, results: Path) -> dict:
         return config
     for spec in config["backbones"].values():
         spec["tasks"] = spec["tasks"][:2]
-    config.update(results=str(results), seeds=[0], methods=["naive_dp", "dp_merging"],
+    config.update(seeds=[0], methods=["naive_dp", "dp_merging"],
                   merge={name: config["merge"][name] for name in ("weight_averaging", "task_arithmetic")})
     # the study's diagnostics (presets/study.yaml: lighter than the schema's defaults) on the one seed
     config["diagnostics"] = {**yaml.safe_load((ROOT / "presets" / "study.yaml").read_text())["diagnostics"], "seeds": 1}
@@ -109,30 +109,28 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(rules: dict[str, dict], totals: dict[str, float], cores: int) -> None:
-    """Per rule and in all, for each mode: jobs, Σ wall, Σ compute, overhead share; with two modes, the ratio."""
+    """Per rule and in all, for each mode: jobs, Σ wall, Σ compute, overhead share; with both modes, the ratio."""
     modes = list(rules)
+    both = set(modes) == set(MODES)
     label = {"off": "fresh process", "on": "forked"}
     print(f"{'rule':22s} {'jobs':>4s} | " + " | ".join(
         f"{label.get(m, m) + ': wall':>19s} {'compute':>8s} {'overhead':>8s}" for m in modes)
-        + (" | wall on/off" if modes == ["off", "on"] or modes == ["on", "off"] else ""))
-    everything = {mode: [] for mode in modes}
-    names = sorted({rule for mode in modes for rule in rules[mode]})
-    for rule in names + ["all jobs"]:
-        cells, walls = [], {}
-        for mode in modes:
-            jobs = everything[mode] if rule == "all jobs" else rules[mode].get(rule, [])
-            if rule != "all jobs":
-                everything[mode] += jobs
-            wall, compute, share = overhead(jobs)
-            walls[mode] = wall
-            cells.append(f"{wall:17.1f} s {compute:6.1f} s {share:7.0f} %")
-        count = len(everything[modes[0]]) if rule == "all jobs" else len(rules[modes[0]].get(rule, []))
-        ratio = f" | {walls['on'] / walls['off']:.2f}" if set(walls) == set(MODES) and walls["off"] else ""
-        print(f"{rule:22s} {count:4d} | " + " | ".join(cells) + ratio)
+        + (" | wall on/off" if both else ""))
+    rows = {rule: {m: rules[m].get(rule, []) for m in modes} for rule in sorted({r for m in modes for r in rules[m]})}
+    rows["all jobs"] = {m: [job for jobs in rules[m].values() for job in jobs] for m in modes}
+    for rule, jobs_of in rows.items():
+        measured = {m: overhead(jobs_of[m]) for m in modes}
+        cells = [f"{wall:17.1f} s {compute:6.1f} s {share:7.0f} %" for wall, compute, share in measured.values()]
+        ratio = ""
+        if both:
+            off, on = measured["off"][0], measured["on"][0]
+            ratio = f" | {on / off if off else float('nan'):.2f}"
+        print(f"{rule:22s} {len(jobs_of[modes[0]]):4d} | " + " | ".join(cells) + ratio)
     if totals:
         print("snakemake wall: " + ", ".join(f"{label[m]} {t:.1f} s" for m, t in totals.items())
               + (f", ratio on/off {totals['on'] / totals['off']:.2f}" if set(totals) == set(MODES) else "")
               + f" (--cores {cores})")
+
 
 if __name__ == "__main__":
     main()

@@ -169,7 +169,7 @@ def test_standin_task_vectors_add_onto_an_open_clip_model(standin_run, tmp_path)
 def test_the_demo_runs_the_main_question_only_and_the_study_adds_its_diagnostics(tmp_path):
     """make demo answers Table 1 (no ablations, no diagnostics); make study runs the same grid with every method
     and the diagnostics: the first runs in minutes only because the second holds the rest."""
-    demo, study = preset("../config.yaml"), preset("study.yaml")
+    demo, study = yaml.safe_load((ROOT / "config.yaml").read_text()), preset("study.yaml")
     seeds, backbones = len(demo["seeds"]), len(demo["backbones"])
     tasks = {len(b["tasks"]) for b in demo["backbones"].values()}.pop()
     operators = len(demo["merge"])

@@ -14,9 +14,8 @@ part's passes over the data; "all" blocks costs most), and equal costs go to the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -38,8 +37,8 @@ def individual_averages(table: pd.DataFrame) -> dict[str, float]:
 
 def training_cost(settings: dict) -> float:
     """Epochs x trainable blocks: how many times the trained part of the network sees each example."""
-    blocks = settings.get("trainable_blocks", 1)  # the schema's default
-    blocks = math.inf if blocks == "all" else float(blocks if blocks is not None else 1)
+    blocks = settings.get("trainable_blocks") or 1  # unset: the schema's default, 1
+    blocks = math.inf if blocks == "all" else float(blocks)
     return float(settings.get("epochs") or 1.0) * blocks
 
 
@@ -76,8 +75,8 @@ def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame]) -> pd.D
     frame["chosen"] = False
     for _, group in frame.groupby("kind", sort=False):
         best = group["pooled"].idxmax()  # ties in pooled go to the first listed
+        best_averages = averages_of[frame.at[best, "candidate"]]
         for index in group.index:
-            best_averages = averages_of[frame.at[best, "candidate"]]
             gap, error = gap_to_best(best_averages, averages_of[frame.at[index, "candidate"]])
             frame.loc[index, ["gap to best", "gap SE"]] = [gap, error] if index != best else [0.0, 0.0]
             frame.at[index, "tied"] = bool(index == best or gap <= error)  # False where NaN
