@@ -23,6 +23,7 @@ ROOMS_BELOW = {
     # the `dpmerge` entry point: through the warm fork server, or cli in this process; stdlib only at import
     "launch": {"forkserver", "cli", "gpu_slots", "openmp_wait"},
     "gpu_slots": set(),  # stdlib only: the launcher claims a job's GPU before anything heavy is imported
+    "private_folders": set(),  # stdlib only: the Snakefile makes the private result folders 0700 while parsed
     "openmp_wait": set(),  # stdlib only: it must run before anything imports torch
     "forkserver": {"cli", "runtime"},
     "stages": {"privacy", "merge", "diagnostics", "report", "training", "models", "data", "artifacts", "metrics",

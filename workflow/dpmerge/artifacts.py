@@ -70,9 +70,10 @@ def atomic_write(path: str | Path, write, *, private: bool = False) -> None:
 
     The file gets the mode a plain `open` would give it (0666 less the umask), so collaborators the umask
     admits can read results; mkstemp's 0600 is kept only for `private` files (checkpoints: they hold the
-    generators' states)."""
+    generators' states; prepared tasks: the training features; kept audit runs: their secret coins), whose
+    folder, when this makes it, is 0700."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, **({"mode": 0o700} if private else {}))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -320,7 +321,8 @@ def save_prepared(path: str | Path, *, task: str, backbone: str, task_spec: dict
         "test_labels": torch.as_tensor(test_labels),
         "pretrained_sha256": pretrained_sha256,
     }
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    # private: the training features of a private task (README "Methods and privacy"; dpmerge/private_folders.py)
+    atomic_write(path, lambda tmp: torch.save(payload, tmp), private=True)
 
 
 def load_prepared(path: str | Path) -> dict:

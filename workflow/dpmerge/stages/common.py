@@ -1,6 +1,6 @@
-"""What several stages share: progress lines, released task vectors read with their privacy records, heads read
-with their prepared tasks, the identity columns of a result row, Parquet output, and the diagnostics' fixed
-test subsample.
+"""What several stages share: progress lines, the names a released file records for its inputs, released task
+vectors read with their privacy records, heads read with their prepared tasks, the identity columns of a result
+row, Parquet output, and the diagnostics' fixed test subsample.
 """
 
 from __future__ import annotations
@@ -20,6 +20,22 @@ def warn(message: str) -> None:
     import sys
 
     print(f"dpmerge: warning: {message}", file=sys.stderr, flush=True)
+
+
+def recorded_paths(paths: list[str], out: str | list[str]) -> list[str]:
+    """How a released file or the ledger (`out`, one path or several) names the files `paths` it was made from:
+    relative to the deepest folder that holds them all and `out`, which in the workflow's layout is the results
+    folder (`taskvectors/effnet/eps4/naive_dp/s0/digits.safetensors`). Never an absolute path: a release is
+    copied and shared, and must not tell where this machine keeps it or whose account ran it. Files that share no
+    folder but the file system's root are named relative to the working directory instead."""
+    import os
+
+    written = [out] if isinstance(out, str) else list(out)
+    absolute = [os.path.abspath(path) for path in [*paths, *written]]
+    anchor = os.path.commonpath([os.path.dirname(path) for path in absolute])
+    if anchor == os.path.dirname(anchor):  # the root: no folder they share
+        anchor = os.getcwd()
+    return [os.path.relpath(path, anchor) for path in absolute[:len(paths)]]
 
 
 def read_task_vectors(paths: list[str]) -> tuple[list[dict], list[dict]]:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpmerge.stages.common import log
+from dpmerge.stages.common import log, recorded_paths
 
 
 def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[str] | None = None,
            statistics_out: str | None = None, check_out: str | None = None, audits: list[str] | None = None,
            audits_out: str | None = None) -> None:
     """Write the ledger (and the statistics' ledger), the report and the check's verdict (`check_out`, JSON),
-    then fail if any check failed: report and verdict are written either way, so a failed check can be read."""
+    then fail if any check failed: report and verdict are written either way, so a failed check can be read.
+    Every table names its files relative to the results folder (`recorded_paths`), never by absolute paths."""
     import json
 
     from dpmerge.artifacts import atomic_write
@@ -30,6 +31,11 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     table = build_ledger(task_vectors)
     statistics_table = build_statistics_ledger(statistics or [])
     audit_table = build_audit_ledger(audits or [])
+    inputs = [*task_vectors, *(statistics or []), *(audits or [])]
+    named = dict(zip(inputs, recorded_paths(inputs, [p for p in (out, report, statistics_out, check_out,
+                                                                   audits_out) if p])))
+    for frame in (table, statistics_table, audit_table):
+        frame["path"] = frame["path"].map(named)
     problems = check_ledger(table) + check_statistics(statistics_table, table) + check_audits(audit_table)
     atomic_write(out, lambda tmp: table.to_parquet(tmp, index=False))
     if statistics_out:

@@ -16,6 +16,7 @@ from dpmerge.stages.common import (
     checked_w0,
     log,
     read_task_vectors,
+    recorded_paths,
     release_identity,
     warn,
 )
@@ -28,8 +29,8 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
 
     `vectors` "task" merges the task vectors, "difference" their differences around the weight average.
     RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors, and the base
-    w0 is checked like any input (`checked_base`). The output's metadata records the inputs (w0 included), the
-    hyperparameters and the (epsilon, delta) the model is released at.
+    w0 is checked like any input (`checked_base`). The output's metadata records the inputs (w0 included, by
+    their paths relative to the results folder: `recorded_paths`), the hyperparameters and the (epsilon, delta) the model is released at.
 
     Released vectors (every one with its full privacy record) must form one release group, each within its
     budget. Anyone's vectors without records merge too, with a warning on stderr, and the merged model records
@@ -87,6 +88,10 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
     hyper = {**OPERATORS[operator].defaults, **params}  # merge_stream has refused unknown ones
     inputs = distinct_inputs(task_vectors)
+    # named relative to the results folder, never by this machine's absolute paths (recorded_paths)
+    files = [*task_vectors, base, *([statistics] if statistics else [])]
+    named = dict(zip(files, recorded_paths(files, out)))
+    inputs = [{**entry, "path": named[path]} for entry, path in zip(inputs, task_vectors)]
     meta = {
         "artifact": "merged_model",
         "operator": operator,
@@ -100,14 +105,14 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         "pretrained_sha256": metas[0].get("pretrained_sha256"),
         "tasks": [m.get("task", Path(p).stem) for m, p in zip(metas, task_vectors)],
         "inputs": inputs,
-        "base": {"path": base, "sha256": w0_sha256},
+        "base": {"path": named[base], "sha256": w0_sha256},
     }
     if recorded:
         meta["release_epsilon"], meta["release_delta"] = merged_release_budget(metas, statistics_meta)
     else:
         meta["privacy"] = "none recorded"
     if statistics_meta is not None:
-        meta["statistics"] = {"path": statistics, "kind": statistics_meta["kind"],
+        meta["statistics"] = {"path": named[statistics], "kind": statistics_meta["kind"],
                               "source": statistics_meta["source"], "records": statistics_meta["records"]}
     layout = {key: (w0.dtype(key), w0.shape(key)) for key in source.keys()}
     if is_personalized(operator):

@@ -5,7 +5,7 @@ commands).
 
 from __future__ import annotations
 
-from dpmerge.stages.common import log
+from dpmerge.stages.common import log, recorded_paths
 
 
 def _read_all(paths: list[str]):
@@ -76,6 +76,8 @@ def answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: s
            description: str | None = None, audit_table: str | None = None) -> None:
     from dpmerge.report.answer import write_answer
 
+    # the page names its files relative to the results folder, never by this machine's absolute paths
+    links = recorded_paths(links, [out_markdown, out_rst]) if links else []
     write_answer(tables=tables, ledger=ledger, out_markdown=out_markdown, out_rst=out_rst, links=links,
                  description=description, audit_table=audit_table)
     log(f"[answer] wrote {out_markdown} and {out_rst}")
