@@ -49,28 +49,22 @@ include: "workflow/rules/captions.smk"
 # or side channels (the study key and kept audit runs, prepared data, checkpoints, logs, benchmarks) are made
 # 0700 before any job runs, so nothing a job writes there is ever reachable by others, and everything in them
 # 0700/0600 now (what an older or interrupted run left) and when the run ends. Releases keep the umask's modes.
-def keep_private():
-    from dpmerge import private_folders
-
-    left = private_folders.sweep(RESULTS)
-    if left:
-        print(f"Warning: {len(left)} files in the private folders of {RESULTS} could not be made private (mode "
-              f"0600/0700), e.g. {left[0]}", file=sys.stderr)
-
-
 if workflow.is_main_process and not workflow.dryrun:
     from dpmerge import private_folders
 
     private_folders.close(RESULTS)
-    keep_private()
 
 
 onsuccess:
-    keep_private()
+    from dpmerge import private_folders
+
+    private_folders.close(RESULTS)
 
 
 onerror:
-    keep_private()
+    from dpmerge import private_folders
+
+    private_folders.close(RESULTS)
 
 
 # The report opens on the study's answer once the run has written it (rule answer), else on the description.

@@ -142,3 +142,21 @@ def test_recorded_paths_are_relative_to_the_results_folder_and_name_the_files(st
         assert len(paths) and all(not os.path.isabs(path) and (results / path).is_file() for path in paths)
     assert "| statistics/effnet/eps4/naive_dp/s0/fisher.safetensors | fisher | private |" in \
         (results / "privacy/ledger.md").read_text()
+
+
+def test_the_sweep_follows_no_link_and_changes_no_file_outside(tmp_path):
+    from dpmerge import private_folders
+
+    shared = tmp_path / "shared.md"
+    shared.write_text("a release")
+    shared.chmod(0o644)
+    logs = tmp_path / "results/logs"
+    logs.mkdir(parents=True)
+    (logs / "release.md").symlink_to(shared)
+    (logs / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    (logs / "job.log").write_text("loss 0.1")
+    (logs / "job.log").chmod(0o644)
+    outside = mode(tmp_path)
+    private_folders.close(tmp_path / "results")
+    assert (mode(shared), mode(tmp_path), mode(logs / "job.log"), mode(logs)) == (0o644, outside, 0o600, 0o700)
+    assert all(mode(tmp_path / "results" / name) == 0o700 for name in PRIVATE_FOLDERS)

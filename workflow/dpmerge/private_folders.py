@@ -11,8 +11,9 @@ them. These folders must not, whatever the umask:
 
 Snakemake and the shell create what lies in them (log redirections, benchmark files, output folders) with the
 umask's modes, so the Snakefile makes each folder 0700 before any job runs (`close`): nothing inside is then
-reachable by others. It then sets every folder under them to 0700 and every file to 0600 (`sweep`) before the
-run and again when it ends, so a copy that keeps modes (`cp -a`, rsync -a) keeps them private too.
+reachable by others. `close` also sets every folder under them to 0700 and every file to 0600 (`sweep`), what
+an older or interrupted run left, and the Snakefile calls it again when the run ends, so a copy that keeps
+modes (`cp -a`, rsync -a) keeps them private too.
 Standard library only: the Snakefile imports it while it is parsed.
 """
 
@@ -31,10 +32,17 @@ def private_folders(results: str | Path) -> list[Path]:
 
 
 def close(results: str | Path) -> None:
-    """Create each private folder of `results` with mode 0700, or set an existing one to it."""
+    """Create each private folder of `results` with mode 0700, or set an existing one to it, then `sweep` them;
+    what could not be made private is named in a warning on stderr."""
+    import sys
+
     for folder in private_folders(results):
         folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)  # the parents keep the umask's modes
         os.chmod(folder, FOLDER_MODE)  # mkdir's mode is masked by the umask, and an existing folder keeps its own
+    left = sweep(results)
+    if left:
+        print(f"dpmerge: warning: {len(left)} entries in the private folders of {results} could not be made "
+              f"private (0700 folders, 0600 files), e.g. {left[0]}", file=sys.stderr, flush=True)
 
 
 def sweep(results: str | Path) -> list[str]:
