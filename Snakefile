@@ -45,6 +45,12 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/captions.smk"
 
 
+# Noise calibrations, kept for the run's other jobs (privacy/pld.py): hundreds of fine-tunes share a handful of
+# (epsilon, delta, q, steps) settings, and each search takes ~0.5 s. Public numbers only; every job rechecks the
+# value it reads.
+os.environ.setdefault("DPMERGE_CALIBRATION_CACHE", os.path.abspath(os.path.join(RESULTS, ".calibration")))
+
+
 # Private stays private (workflow/dpmerge/private_folders.py): the folders of the results that hold private data
 # or side channels (the study key and kept audit runs, prepared data, checkpoints, logs, benchmarks) are made
 # 0700 before any job runs, so nothing a job writes there is ever reachable by others, and everything in them

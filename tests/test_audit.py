@@ -386,7 +386,7 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert "## Empirical audits" in ledger_md
     # digits: a release per seed at each budget, the lr variant's per seed, and two audit runs (white- and
     # black-box) of seed 0 at each budget, composed
-    assert re.search(r"^\| digits \| effnet \| 6 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
+    assert re.search(r"^\| digits \| effnet \| replace_one \| 6 \| 0 \| 4 \| ", ledger_md, re.M), ledger_md
     assert "| effnet | naive_dp | 0 | 0 | 0.004 | 8 | 0.01 | 4.0 | 0 | 2 |" in ledger_md, ledger_md
     summary = pd.read_parquet(results / "tables/audit.parquet")
     assert list(summary["target_epsilon"]) == [4.0, 8.0] and (summary["verdict"] == "PASS").all()

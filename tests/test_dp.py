@@ -239,7 +239,8 @@ def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_dat
     assert record["queries_per_step"] == METHODS[method].queries_per_step
     # what ran, as counted by the loop: every one of the 8 steps made the method's queries on its batch
     assert record["steps_by_queries"] == {str(METHODS[method].queries_per_step): 8}
-    assert record["randomness"] == "keyed" and record["neighbouring"] == "add_remove" and record["seed"] == 3
+    assert record["randomness"] == "keyed" and record["neighbouring"] == "replace_one" and record["seed"] == 3
+    assert record["accountant"] == "pld" and record["num_train_examples"] == 64 and record["public_n"] is None
     assert record["delta"] == pytest.approx(1 / 64)
     assert 0 < record["spent_epsilon"] <= 2.0
     assert record["effective_noise_multiplier"] == pytest.approx(

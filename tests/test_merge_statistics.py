@@ -135,17 +135,17 @@ def test_private_statistic_is_a_poisson_subsampled_gaussian_composed_with_fine_t
 
     delta, num_examples, expected = 1 / 300, 300, 256
     q = expected / num_examples
-    statistic_sigma = calibrate_noise_multiplier(1.0, delta, q, 1, accountant="rdp")
+    statistic_sigma = calibrate_noise_multiplier(1.0, delta, q, 1, accountant="rdp", neighbouring="add_remove")
     independent = rdp_privacy_accountant.RdpAccountant()
     independent.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(statistic_sigma)), 1)
     assert independent.get_epsilon(delta) <= 1.0 * (1 + 1e-3)
-    alone = spent_epsilon(statistic_sigma, q, 1, delta)
+    alone = spent_epsilon(statistic_sigma, q, 1, delta, 1, "rdp", "add_remove")
     assert 0.99 < alone <= 1.0
-    sigma = calibrate_noise_multiplier(4.0, delta, 0.05, 200, accountant="rdp")
-    finetune = spent_epsilon(sigma, 0.05, 200, delta)
-    total = composed_epsilon([(sigma, 0.05, 200), (statistic_sigma, q, 1)], delta)
+    sigma = calibrate_noise_multiplier(4.0, delta, 0.05, 200, accountant="rdp", neighbouring="add_remove")
+    finetune = spent_epsilon(sigma, 0.05, 200, delta, 1, "rdp", "add_remove")
+    total = composed_epsilon([(sigma, 0.05, 200), (statistic_sigma, q, 1)], delta, "rdp", "add_remove")
     assert max(finetune, alone) < total <= finetune + alone  # composition costs, but less than the sum
-    assert composed_epsilon([(sigma, 0.05, 200)], delta) == pytest.approx(finetune)
+    assert composed_epsilon([(sigma, 0.05, 200)], delta, "rdp", "add_remove") == pytest.approx(finetune)
 
 
 def test_a_private_statistic_normalises_by_the_expected_count_and_survives_an_empty_sample():

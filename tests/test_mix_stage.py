@@ -20,8 +20,8 @@ def release(folder, epsilon, task="digits", **changes):
     sigma = calibrate_noise_multiplier(epsilon, 1 / N, RATE, STEPS)
     record = {"method": "naive_dp", "target_epsilon": epsilon, "spent_epsilon": epsilon * 0.999, "delta": 1 / N,
               "noise_multiplier": sigma, "effective_noise_multiplier": sigma, "sample_rate": RATE, "steps": STEPS,
-              "clip_norm": 1.0, "queries_per_step": 1, "steps_by_queries": {"1": STEPS}, "accountant": "rdp",
-              "sampling": "poisson", "neighbouring": "add_remove", "randomness": "keyed", "seed": 0, "rho": 0.0,
+              "clip_norm": 1.0, "queries_per_step": 1, "steps_by_queries": {"1": STEPS}, "accountant": "pld",
+              "sampling": "poisson", "neighbouring": "replace_one", "randomness": "keyed", "seed": 0, "rho": 0.0,
               "anchor_lambda": 0.0, "pretrained_sha256": "w0", "num_train_examples": N, **changes}
     generator = torch.Generator().manual_seed(int(epsilon * 100) + 1000 * record["seed"])
     where = {"backbone": "toy", "task": task}
@@ -79,12 +79,13 @@ def run_combine(tmp_path, components, target=2.0, weights=None, seed=0):
 
 
 def independent_composition(records, delta):
-    """dp_accounting's RDP accountant composing the components' Poisson-subsampled Gaussian steps, on integer
-    orders (where its RDP is a closed form; see privacy/ledger.py)."""
+    """dp_accounting's replace-one PLD composing the components' Poisson-subsampled Gaussian steps, written out
+    here on a finer grid than the stage's."""
     import dp_accounting
-    from dp_accounting.rdp import rdp_privacy_accountant
+    from dp_accounting.pld import pld_privacy_accountant
 
-    accountant = rdp_privacy_accountant.RdpAccountant(orders=list(range(2, 256)))
+    accountant = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE,
+                                                      value_discretization_interval=1e-4)
     for record in records:
         event = dp_accounting.PoissonSampledDpEvent(record["sample_rate"],
                                                     dp_accounting.GaussianDpEvent(record["noise_multiplier"]))

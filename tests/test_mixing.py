@@ -29,7 +29,7 @@ def record(sigma, rate=0.05, steps=60, target=4.0, queries=1, **changes):
 
 
 def calibrated(target, rate=0.05, steps=60):
-    return record(calibrate_noise_multiplier(target, DELTA, rate, steps), rate, steps, target)
+    return record(calibrate_noise_multiplier(target, DELTA, rate, steps, 1, "rdp", "add_remove"), rate, steps, target)
 
 
 def gaussian_delta(epsilon, mu):
@@ -118,7 +118,8 @@ def test_a_target_between_two_budgets_mixes_both_and_its_recomputed_epsilon_meet
 def test_a_combination_costs_the_composition_of_every_component():
     components = [calibrated(1.0), calibrated(1.0), calibrated(4.0)]
     combined = combination_epsilon(components, DELTA)
-    assert combined == pytest.approx(composed_epsilon([m for r in components for m in record_mechanisms(r)], DELTA))
+    assert combined == pytest.approx(composed_epsilon([m for r in components for m in record_mechanisms(r)], DELTA,
+                                                      "rdp", "add_remove"))
     assert combined > 4.0  # never below its most expensive component
     two_at_one = combination_epsilon(components[:2], DELTA)
     assert 1.0 < two_at_one < 2.0  # two runs at 1 compose sublinearly, as RDP does

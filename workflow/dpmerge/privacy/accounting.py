@@ -16,12 +16,15 @@ used here; we drive the accountants directly with the effective noise multiplier
 (Opacus's analysis on arrays, held to Opacus's own functions by tests/test_rdp.py: 5-8x faster, which is most
 of a short job's calibration time), PRV through Opacus's accountant.
 
-Neighbouring relation (`NEIGHBOURING`). `add_remove` (default, as Opacus and TF Privacy account): two datasets
-are neighbours if one is the other plus one example; the dataset size N is treated as public (it sets q = B/N,
-delta = 1/N and the normaliser B, and records carry it). `replace_one`: one example replaced by another; a query's
-sensitivity is then 2C, which the accountant sees as the add/remove mechanism at sigma/2 (paper, App. C.1), so
-sigma_replace = 2 sigma_add_remove for the same epsilon. That is conservative: Google's dp_accounting PLD, which
-accounts Poisson sampling under replacement exactly, gives a smaller epsilon at the same sigma (tested).
+Neighbouring relation (`NEIGHBOURING`). `replace_one` (default): two datasets of the same size N are neighbours if
+one example is replaced by another. N is then public, and records carry it (it sets q = B/N, delta = 1/N and the
+normaliser B). A query's clipped sum moves by up to 2C, but under Poisson sampling the pair is not the add/remove
+mechanism at sigma/2: it is accounted exactly by dp_accounting's PLD (`pld`, privacy/pld.py), which charges less
+than doubling sigma would and more than add/remove at the same sigma (a paper-like run calibrated for add/remove
+at epsilon 1 spends 1.30 under replacement). `add_remove`: one example added or removed. Then N itself differs
+between neighbours, so nothing released may depend on it: q and the step count come from a public size the
+config declares (`privacy.public_n`), delta defaults to 1/public_n, and the record carries that bound, never N.
+The RDP and PRV accountants (Opacus's analyses) account add/remove only.
 
 What is spent is computed from what ran (`spent_epsilon_of_steps`): the training loop counts the queries each
 step made, and every distinct count k contributes its steps at sigma/sqrt(k).
@@ -31,10 +34,12 @@ from __future__ import annotations
 
 import math
 
-from . import rdp
+from . import pld, rdp
 
-ACCOUNTANTS = ("rdp", "prv")
-NEIGHBOURING = ("add_remove", "replace_one")
+ACCOUNTANTS = ("pld", "rdp", "prv")
+NEIGHBOURING = ("replace_one", "add_remove")
+# Opacus's RDP and PRV analyses are of add/remove; replacement under Poisson sampling is accounted by the PLD.
+REPLACE_ONE_ACCOUNTANTS = ("pld",)
 
 # Opacus's default Renyi orders stop at 63; with few steps or small q the optimum lies beyond, and the bound is
 # then needlessly loose. A wider grid only tightens it (every order gives a valid bound).
@@ -51,19 +56,19 @@ def _check_neighbouring(neighbouring: str) -> None:
         raise ValueError(f"unknown neighbouring relation {neighbouring!r}; known: {', '.join(NEIGHBOURING)}")
 
 
-def sensitivity_in_clip_norms(neighbouring: str = "add_remove") -> int:
-    """L2 sensitivity of one clipped-sum query, in units of the clipping norm C."""
+def check_relation(accountant: str, neighbouring: str) -> None:
+    _check_accountant(accountant)
     _check_neighbouring(neighbouring)
-    return 2 if neighbouring == "replace_one" else 1
+    if neighbouring == "replace_one" and accountant not in REPLACE_ONE_ACCOUNTANTS:
+        raise ValueError(f"accountant {accountant!r} accounts add/remove only; under replace_one use "
+                         f"{' or '.join(REPLACE_ONE_ACCOUNTANTS)} (finetune.accountant)")
 
 
-def effective_noise_multiplier(noise_multiplier: float, queries_per_step: int,
-                               neighbouring: str = "add_remove") -> float:
-    """Noise multiplier of the single add/remove mechanism equivalent to `queries_per_step` queries on one batch
-    (divided by the sensitivity in clip norms: 2 under replace_one)."""
+def effective_noise_multiplier(noise_multiplier: float, queries_per_step: int) -> float:
+    """Noise multiplier of the single mechanism equivalent to `queries_per_step` queries on one batch."""
     if queries_per_step < 1:
         raise ValueError(f"queries_per_step must be >= 1, got {queries_per_step}")
-    return noise_multiplier / math.sqrt(queries_per_step) / sensitivity_in_clip_norms(neighbouring)
+    return noise_multiplier / math.sqrt(queries_per_step)
 
 
 def spent_epsilon(
@@ -72,8 +77,8 @@ def spent_epsilon(
     steps: int,
     delta: float,
     queries_per_step: int = 1,
-    accountant: str = "rdp",
-    neighbouring: str = "add_remove",
+    accountant: str = "pld",
+    neighbouring: str = "replace_one",
 ) -> float:
     """epsilon spent after `steps` Poisson-subsampled steps.
 
@@ -83,8 +88,9 @@ def spent_epsilon(
         steps: number of steps actually taken (each step counts once, whatever its batch size).
         delta: target delta (we use 1/N per task).
         queries_per_step: gradient queries per step on the same batch (2 for DP-SAM).
-        accountant: "rdp" (Renyi DP, Mironov 2017) or "prv" (privacy random variables, Gopi et al. 2021).
-        neighbouring: "add_remove" or "replace_one" (see the module docstring).
+        accountant: "pld" (privacy loss distributions, dp_accounting), "rdp" (Renyi DP, Mironov 2017) or "prv"
+            (privacy random variables, Gopi et al. 2021); the last two account add/remove only.
+        neighbouring: "replace_one" or "add_remove" (see the module docstring).
     """
     return spent_epsilon_of_steps(noise_multiplier, sample_rate, {queries_per_step: steps}, delta, accountant,
                                   neighbouring)
@@ -95,20 +101,19 @@ def spent_epsilon_of_steps(
     sample_rate: float,
     steps_by_queries: dict[int, int],
     delta: float,
-    accountant: str = "rdp",
-    neighbouring: str = "add_remove",
+    accountant: str = "pld",
+    neighbouring: str = "replace_one",
 ) -> float:
     """epsilon spent by the steps that ran: `steps_by_queries` maps k (queries made on one Poisson batch) to how
     many steps made k queries; each such step is one subsampled Gaussian at sigma/sqrt(k)."""
-    return composed_epsilon(step_mechanisms(noise_multiplier, sample_rate, steps_by_queries, neighbouring), delta,
-                            accountant)
+    return composed_epsilon(step_mechanisms(noise_multiplier, sample_rate, steps_by_queries), delta, accountant,
+                            neighbouring)
 
 
-def step_mechanisms(noise_multiplier: float, sample_rate: float, steps_by_queries: dict,
-                    neighbouring: str = "add_remove") -> list[tuple[float, float, int]]:
+def step_mechanisms(noise_multiplier: float, sample_rate: float, steps_by_queries: dict) -> list[tuple[float, float, int]]:
     """The accountant's view of steps that ran: (effective noise multiplier, sample rate, steps) per count k of
     queries on one batch (keys may be JSON strings)."""
-    return [(effective_noise_multiplier(noise_multiplier, int(k), neighbouring), sample_rate, int(steps))
+    return [(effective_noise_multiplier(noise_multiplier, int(k)), sample_rate, int(steps))
             for k, steps in steps_by_queries.items() if int(k) > 0 and int(steps) > 0]
 
 
@@ -118,26 +123,27 @@ def calibrate_noise_multiplier(
     sample_rate: float,
     steps: int,
     queries_per_step: int = 1,
-    accountant: str = "rdp",
-    neighbouring: str = "add_remove",
+    accountant: str = "pld",
+    neighbouring: str = "replace_one",
 ) -> float:
     """Smallest per-query sigma (to Opacus's search tolerance) whose spent epsilon stays <= target_epsilon."""
-    _check_accountant(accountant)
-    _check_neighbouring(neighbouring)
+    check_relation(accountant, neighbouring)
     if not target_epsilon > 0:
         raise ValueError(f"target epsilon must be > 0, got {target_epsilon}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
-    if accountant == "rdp":
+    if accountant == "pld":
+        sigma_one_query = pld.cached_noise_multiplier_for(target_epsilon, delta, sample_rate, steps, neighbouring)
+    elif accountant == "rdp":
         sigma_one_query = rdp.noise_multiplier_for(target_epsilon, delta, sample_rate, steps, RDP_ORDERS)
     else:
         from opacus.accountants.utils import get_noise_multiplier  # 2 s of imports: only when PRV is asked for
 
         sigma_one_query = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
                                                sample_rate=sample_rate, steps=steps, accountant=accountant)
-    sigma = sigma_one_query * math.sqrt(queries_per_step) * sensitivity_in_clip_norms(neighbouring)
+    sigma = sigma_one_query * math.sqrt(queries_per_step)
     # The binary search lands at or under target; re-check the exact value we will use.
     spent = spent_epsilon(sigma, sample_rate, steps, delta, queries_per_step, accountant, neighbouring)
     if spent > target_epsilon:
@@ -145,15 +151,18 @@ def calibrate_noise_multiplier(
     return float(sigma)
 
 
-def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, accountant: str = "rdp") -> float:
+def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, accountant: str = "pld",
+                     neighbouring: str = "replace_one") -> float:
     """epsilon of running every mechanism (noise multiplier, sample rate, steps) on the same dataset, composed by
     the accountant (e.g. a task's fine-tuning followed by a privatized merge statistic: one Poisson-subsampled
     step). Noise multipliers are the effective ones (see effective_noise_multiplier); composition of independent
     mechanisms, which holds because every mechanism draws its own keyed randomness (privacy/study_key.py)."""
-    _check_accountant(accountant)
+    check_relation(accountant, neighbouring)
     mechanisms = [m for m in mechanisms if m[2] > 0]
     if not mechanisms:
         return 0.0
+    if accountant == "pld":
+        return pld.epsilon(mechanisms, delta, neighbouring)
     if accountant == "rdp":
         return rdp.epsilon([tuple(m) for m in mechanisms], delta, RDP_ORDERS)
     from opacus.accountants import create_accountant
@@ -166,11 +175,11 @@ def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, a
 def record_mechanisms(record: dict) -> list[tuple[float, float, int]]:
     """The accountant's view of one release from its privacy record alone: (effective noise multiplier, sample
     rate, steps) for every count of queries per step that ran (the record's `steps_by_queries`)."""
-    return step_mechanisms(float(record["noise_multiplier"]), float(record["sample_rate"]), record["steps_by_queries"],
-                           record["neighbouring"])
+    return step_mechanisms(float(record["noise_multiplier"]), float(record["sample_rate"]), record["steps_by_queries"])
 
 
 def record_epsilon(record: dict, accountant: str | None = None) -> float:
     """epsilon recomputed from a privacy record (sigma, q, steps by queries, delta, relation), independently of
     the epsilon the record claims."""
-    return composed_epsilon(record_mechanisms(record), float(record["delta"]), accountant or record["accountant"])
+    return composed_epsilon(record_mechanisms(record), float(record["delta"]), accountant or record["accountant"],
+                            record["neighbouring"])

@@ -39,7 +39,8 @@ def claimed_epsilon(record: dict, delta: float) -> float:
     queries), never from the configuration; infinite for a non-private run."""
     if not _private(record):
         return math.inf
-    return composed_epsilon(record_mechanisms(record), float(delta), record["accountant"])
+    return composed_epsilon(record_mechanisms(record), float(delta), record["accountant"],
+                            record.get("neighbouring", "add_remove"))
 
 
 def build_audit_ledger(paths: list[str]) -> pd.DataFrame:

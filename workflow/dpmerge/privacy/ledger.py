@@ -3,20 +3,25 @@
 Checks (each can fail, and `tests/test_privacy.py` makes each fail):
 - every private row carries the full record, keyed randomness (`keyed` or `secure`), and spent <= target;
 - the spent epsilon is recomputed from the record alone (sigma, q, steps by queries per step, delta,
-  neighbouring relation, accountant) and must agree with what the release claims; and an independent
-  implementation (Google's dp_accounting) must not find more (+0.3 %): its RDP against ours on the integer
-  orders for RDP-accounted add/remove releases, its PLD accountant against the claim for PRV ones and for
-  replace-one, which it accounts exactly;
+  neighbouring relation, accountant) under the relation the record states and must agree with what the release
+  claims; a second implementation must not find more (+0.3 %): for add/remove, dp_accounting's RDP against ours
+  on the integer orders (RDP records), its PLD against the claim (PRV records), Opacus's PRV against the claim
+  (PLD records); replace-one under Poisson sampling has one exact accountant (dp_accounting's PLD), so
+- no claim may fall below the exact privacy of one test (privacy/lower_bound.py: the sum of the steps, by
+  quadrature, sharing no code with any accountant), whatever the relation;
+- an add/remove record must not carry the exact N (q, steps and delta come from its public size);
 - within one release group (backbone, method and its swept settings, target epsilon, seed) each task appears once,
   so the group's release is (max epsilon, max delta)-DP by parallel composition over disjoint task datasets
   (paper, Thm. C.1);
 - a merge statistic on private data is privatized and composed; one on public data names a dataset declared
   public that is no released task's training set.
 
+Notes (not failures): delta = 1/N, the paper's convention, is weaker than common practice.
+
 Composition across groups. Every fine-tune and every private statistic draws independent randomness from the
 study key (privacy/study_key.py), so publishing several releases of one task's data (other budgets, methods, seeds,
 sweep values, backbones, private statistics) is their composition, and `task_composition` computes it: the
-ledger's "everything published" epsilon per task.
+ledger's "everything published" epsilon per task, by the PLD under the task's relation.
 """
 
 from __future__ import annotations
@@ -37,15 +42,15 @@ from dpmerge.privacy.accounting import (
     record_mechanisms,
     step_mechanisms,
 )
+from dpmerge.privacy.lower_bound import lower_bound_epsilon
 from dpmerge.privacy.randomness import RNG_MODES  # the keyed generators; anything else is replayable
 
 # rho, anchor_lambda, lr, batch_size and weight_decay tell a sweep's runs (Tables 6, 7, the effective-noise study)
 # apart from the method's default run
 SWEPT = ["rho", "anchor_lambda", "lr", "batch_size", "weight_decay"]
 GROUP = ["backbone", "method", *SWEPT, "target_epsilon", "seed"]
-# Composition across releases uses RDP: it composes any mix of the records' mechanisms (each record's own
-# accountant may be PRV, whose bound is tighter for one release but not needed for a sum).
-COMPOSITION_ACCOUNTANT = "rdp"
+# Composition across releases: the PLD composes any mix of the records' mechanisms, exactly, under either relation.
+COMPOSITION_ACCOUNTANT = "pld"
 # Spent epsilon recomputed from a record must match the claimed one to this relative tolerance (the accountants
 # are deterministic; the margin only absorbs JSON round-tripping of floats).
 RECOMPUTE_TOLERANCE = 1e-6
@@ -58,39 +63,51 @@ INTEGER_RDP_ORDERS = [order for order in RDP_ORDERS if float(order).is_integer()
 
 
 def independent_epsilon(record: dict) -> tuple[float, float]:
-    """(epsilon of a release by Google's dp_accounting from its record, the epsilon it is to be compared with).
+    """(epsilon of a release by a second implementation from its record, the epsilon it is to be compared with);
+    (NaN, NaN) where no second exact accountant exists (replace-one under Poisson sampling: the lower bound is
+    the independent check there).
 
     The same Poisson-subsampled Gaussian steps, an accountant written by other people. For an RDP record both
     are RDP epsilons on the integer orders (exact in both codes): a fault in ours shows, and the claim itself is
-    held to ours over every order by the recomputation. For PRV or replace-one records, dp_accounting's PLD
-    against the claim."""
+    held to ours over every order by the recomputation. For PRV records, dp_accounting's PLD against the claim;
+    for PLD records, Opacus's PRV against the claim."""
+    if record["neighbouring"] != "add_remove":
+        return math.nan, math.nan
+    mechanisms = record_mechanisms(record)
+    delta = float(record["delta"])
+    if record["accountant"] == "pld":
+        return composed_epsilon(mechanisms, delta, "prv", "add_remove"), epsilon_value(record["spent_epsilon"])
+    if record["accountant"] == "prv":
+        return composed_epsilon(mechanisms, delta, "pld", "add_remove"), epsilon_value(record["spent_epsilon"])
     import dp_accounting
-    from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    replace = record["neighbouring"] == "replace_one"
-    sigma = float(record["noise_multiplier"])
-    events = [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-        float(record["sample_rate"]), dp_accounting.GaussianDpEvent(sigma / math.sqrt(int(k)))), int(steps))
-        for k, steps in record["steps_by_queries"].items() if int(k) > 0 and int(steps) > 0]
-    by_rdp = record["accountant"] == "rdp" and not replace
-    if by_rdp:
-        accountant = rdp_privacy_accountant.RdpAccountant(orders=INTEGER_RDP_ORDERS)
-    else:
-        relation = dp_accounting.NeighboringRelation.REPLACE_ONE if replace else \
-            dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-        accountant = pld_privacy_accountant.PLDAccountant(relation, value_discretization_interval=1e-3)
+    accountant = rdp_privacy_accountant.RdpAccountant(orders=INTEGER_RDP_ORDERS)
     quiet = logging.getLogger().level
     logging.getLogger().setLevel(logging.ERROR)  # dp_accounting logs each low order it cannot converge on
     try:
-        for event in events:
-            accountant.compose(event)
-        found = float(accountant.get_epsilon(float(record["delta"])))
+        for sigma, rate, steps in mechanisms:
+            accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+                rate, dp_accounting.GaussianDpEvent(sigma)), steps))
+        found = float(accountant.get_epsilon(delta))
     finally:
         logging.getLogger().setLevel(quiet)
-    if not by_rdp:
-        return found, epsilon_value(record["spent_epsilon"])
-    return found, rdp.epsilon(record_mechanisms(record), float(record["delta"]), INTEGER_RDP_ORDERS)
+    return found, rdp.epsilon(mechanisms, delta, INTEGER_RDP_ORDERS)
+
+
+def accounted(record: dict) -> dict:
+    """What the ledger computes from one private record: its epsilon recomputed under the record's relation,
+    a second implementation's and what that is compared with, and the sum test's lower bound. A record whose
+    accountant cannot account its relation gets NaN and the reason."""
+    try:
+        recomputed = record_epsilon(record)
+        independent, reference = independent_epsilon(record)
+        lower = lower_bound_epsilon(record_mechanisms(record), float(record["delta"]), record["neighbouring"])
+    except ValueError as error:
+        return {"recomputed_epsilon": math.nan, "independent_epsilon": math.nan, "independent_reference": math.nan,
+                "lower_bound_epsilon": math.nan, "accounting_error": str(error)}
+    return {"recomputed_epsilon": recomputed, "independent_epsilon": independent, "independent_reference": reference,
+            "lower_bound_epsilon": lower, "accounting_error": ""}
 
 
 def _is_private(method) -> bool:
@@ -109,7 +126,7 @@ ACCOUNTING_FIELDS = ("noise_multiplier", "sample_rate", "steps_by_queries", "nei
 def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
     """One row per (path, release metadata)."""
     rows = []
-    accounted: dict[str, tuple[float, float]] = {}
+    computed: dict[str, dict] = {}
     for path, meta in records:
         row = {"path": str(path), "task": meta.get("task"), "backbone": meta.get("backbone")}
         for field in PRIVACY_FIELDS:
@@ -132,14 +149,17 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
             row["mechanisms"] = json.dumps(mixture_mechanisms(meta))
             # recomputed from its components by the PLD; no second accountant yet, so the column says so (NaN)
             row["recomputed_epsilon"], row["independent_epsilon"] = mixture_record_epsilon(meta), math.nan
-            row["independent_reference"] = math.nan
+            row["independent_reference"], row["lower_bound_epsilon"] = math.nan, math.nan
         elif private:
             key = json.dumps({field: meta[field] for field in ACCOUNTING_FIELDS}, sort_keys=True)
-            if key not in accounted:
-                accounted[key] = (record_epsilon(meta), *independent_epsilon(meta))
-            row["recomputed_epsilon"], row["independent_epsilon"], row["independent_reference"] = accounted[key]
+            if key not in computed:
+                computed[key] = accounted(meta)
+            row.update(computed[key])
         else:
             row["recomputed_epsilon"] = row["independent_epsilon"] = row["independent_reference"] = math.inf
+            row["lower_bound_epsilon"] = 0.0
+        row["accounting_error"] = row.get("accounting_error", "")
+        row["public_n"] = meta.get("public_n")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -158,14 +178,32 @@ def check_ledger(ledger: pd.DataFrame) -> list[str]:
         spent, target = epsilon_value(row.spent_epsilon), epsilon_value(row.target_epsilon)
         if spent > target:
             problems.append(f"{row.path}: spent epsilon {row.spent_epsilon} exceeds target {row.target_epsilon}")
+        if row.neighbouring == "add_remove":
+            if row.num_train_examples is not None and not pd.isna(row.num_train_examples):
+                problems.append(f"{row.path}: an add/remove record carries the exact N ({row.num_train_examples}), "
+                                "which differs between neighbours: membership is read off the record")
+            if row.public_n is None or pd.isna(row.public_n):
+                problems.append(f"{row.path}: an add/remove record without public_n: its q, steps and delta "
+                                "depend on N")
+        if row.accounting_error:
+            problems.append(f"{row.path}: its record cannot be accounted as it states ({row.accounting_error})")
+            continue
         if not math.isclose(row.recomputed_epsilon, spent, rel_tol=RECOMPUTE_TOLERANCE):
             problems.append(f"{row.path}: its record (sigma, q, steps, queries per step, delta) spends epsilon "
-                            f"{row.recomputed_epsilon:.6f}, not the {row.spent_epsilon} it claims")
+                            f"{row.recomputed_epsilon:.6f} under {row.neighbouring}, not the {row.spent_epsilon} "
+                            "it claims")
+        if row.lower_bound_epsilon > spent * (1 + INDEPENDENT_TOLERANCE):
+            problems.append(f"{row.path}: it claims epsilon {row.spent_epsilon} under {row.neighbouring}, but an "
+                            f"adversary who sums its steps already reaches {row.lower_bound_epsilon:.4f} at delta "
+                            f"{row.delta:.3g} (privacy/lower_bound.py): the claim is false")
+        if math.isnan(row.independent_epsilon):
+            continue
         reference = row.independent_reference if not math.isnan(row.independent_reference) else spent
         if row.independent_epsilon > reference * (1 + INDEPENDENT_TOLERANCE):
             against = (f"the {row.spent_epsilon} it claims" if row.accountant != "rdp" else
                        f"{reference:.6f}, ours on the same RDP orders (it claims {row.spent_epsilon})")
-            problems.append(f"{row.path}: an independent accountant (dp_accounting) finds epsilon "
+            second = "Opacus's PRV" if row.accountant == "pld" else "dp_accounting"
+            problems.append(f"{row.path}: an independent accountant ({second}) finds epsilon "
                             f"{row.independent_epsilon:.6f} for its record, above {against}")
     for key, group in ledger.groupby(GROUP, dropna=False):
         duplicated = group["task"][group["task"].duplicated()].tolist()
@@ -225,6 +263,7 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
         mechanisms = [tuple(m) for value in private["mechanisms"] for m in json.loads(value)]
         audited, audit_runs = audit_mechanisms(audits, task)
         mechanisms += audited
+        relations = set(private["neighbouring"].dropna())
         audit_deltas = [] if audits is None or not len(audits) else [
             float(d) for d in audits[(audits["task"] == task) & (audits["model"] == "individual")
                                      & (audits["group"] == "all")]["delta"]]
@@ -233,19 +272,27 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
             drawn = statistics[(statistics["task"] == task) & (statistics["source"] == "private")
                                & statistics["method"].map(_is_private)]
             for row in drawn.itertuples():  # one query on one Poisson sample
-                mechanisms += step_mechanisms(float(row.noise_multiplier), float(row.sample_rate), {1: 1},
-                                              row.neighbouring)
+                mechanisms += step_mechanisms(float(row.noise_multiplier), float(row.sample_rate), {1: 1})
+                relations.add(row.neighbouring)
                 count += 1
         delta = max([float(d) for d in private["delta"]] + audit_deltas, default=0.0)
         nonprivate = int((~group["method"].map(_is_private)).sum())
-        epsilon = composed_epsilon(mechanisms, delta, COMPOSITION_ACCOUNTANT) if mechanisms else 0.0
+        # One guarantee composes only with another of the same relation; a task released under both is not
+        # composed here (NaN), and the report says so.
+        relation = relations.pop() if len(relations) == 1 else ("mixed" if relations else "")
+        if not mechanisms:
+            epsilon = 0.0
+        elif relation == "mixed":
+            epsilon = math.nan
+        else:
+            epsilon = composed_epsilon(mechanisms, delta, COMPOSITION_ACCOUNTANT, relation)
         rows.append({"task": task, "backbones": ", ".join(sorted(group["backbone"].astype(str).unique())),
                      "private_releases": len(private), "private_statistics": count,
                      "private_audit_runs": audit_runs,
                      "nonprivate_releases": nonprivate,
                      "max_single_epsilon": max((epsilon_value(e) for e in private["spent_epsilon"]), default=0.0),
                      "composed_epsilon": epsilon, "published_epsilon": math.inf if nonprivate else epsilon,
-                     "delta": delta})
+                     "delta": delta, "neighbouring": relation})
     return pd.DataFrame(rows)
 
 
@@ -254,12 +301,28 @@ THREAT_MODEL = (
     "its privacy record, and knows every training example but one. Logs, checkpoints and the study key "
     "(`private/study.key`) are private; every random draw is keyed by that key, so no release can be replayed. "
     "Neighbouring datasets: {relations}.")
-RELATIONS = {"add_remove": "add/remove one example, with the dataset size N treated as public (as Opacus and "
-                           "TF Privacy account)",
-             "replace_one": "replace one example by another (sensitivity 2C)"}
+RELATIONS = {"add_remove": "add/remove one example; q, the steps and delta come from a public size (public_n) and "
+                           "no record carries N, which differs between such neighbours",
+             "replace_one": "replace one example by another, N public (records carry it), accounted exactly by "
+                            "dp_accounting's PLD"}
 
 
 CHECK_VERDICTS = ("PASS", "FAIL")
+
+
+def ledger_notes(ledger: pd.DataFrame) -> list[str]:
+    """What holds but is weaker than it could be (not a failure): delta = 1/N, the paper's convention."""
+    private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
+    if not len(private):
+        return []
+    size = private["public_n"].where(private["public_n"].notna(), private["num_train_examples"]).astype(float)
+    at_one_over_n = private[private["delta"].astype(float) >= (1.0 / size) * (1 - 1e-9)]
+    if not len(at_one_over_n):
+        return []
+    return [f"{len(at_one_over_n)} of {len(private)} private releases use delta = 1/N (the paper's convention), "
+            "weaker than common practice: a mechanism that publishes one training example drawn at random, whole, "
+            "is (0, 1/N)-DP, so delta = 1/N excludes no such mechanism. Common practice is delta << 1/N (e.g. "
+            "finetune.delta: 1.0e-5 or 1/(10 N)), which costs little noise (docs/privacy.md)."]
 
 
 def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
@@ -269,14 +332,19 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
     what it is compared with (min and max, %): ours on the integer RDP orders, or the claim for PRV and
     replace-one records; None when no record is private."""
     private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
-    gap = None
+    gap = lower = None
     if len(private):
         claimed = private["spent_epsilon"].map(epsilon_value)
         reference = private["independent_reference"].where(private["independent_reference"].notna(), claimed)
-        relative = (private["independent_epsilon"] / reference - 1) * 100
-        gap = {"min": float(relative.min()), "max": float(relative.max())}
-    return {"verdict": "FAIL" if problems else "PASS", "problems": list(problems), "releases": int(len(ledger)),
-            "private_releases": int(len(private)),
+        relative = ((private["independent_epsilon"] / reference - 1) * 100).dropna()
+        if len(relative):
+            gap = {"min": float(relative.min()), "max": float(relative.max())}
+        below = (private["lower_bound_epsilon"] / claimed).dropna()
+        if len(below):
+            lower = {"min": float(below.min()), "max": float(below.max())}
+    return {"verdict": "FAIL" if problems else "PASS", "problems": list(problems), "notes": ledger_notes(ledger),
+            "releases": int(len(ledger)), "private_releases": int(len(private)),
+            "lower_bound_ratio": lower,
             "statistics": 0 if statistics is None else int(len(statistics)),
             "audits": 0 if audits is None else int(len(audits)), "independent_gap_percent": gap}
 
@@ -291,15 +359,22 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
     lines += ["Each group is one experiment's release: its tasks' datasets are disjoint, so the group is (max "
               "epsilon, max delta)-DP. Groups on the same tasks (other budgets, seeds, methods or swept settings) "
               "draw independent randomness; publishing several composes their budgets (next section).", ""]
-    lines += ["| backbone | method | rho | lambda | lr | B | wd | target eps | seed | tasks | max spent eps | "
-              "max delta |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["Claimed: the largest epsilon a release of the group claims. Recomputed: the same from its record "
+              "alone, under the relation it states (dp_accounting's PLD for pld records). Lower bound: the exact "
+              "epsilon of one adversary, who sums the steps (privacy/lower_bound.py); no claim may be below it.", ""]
+    lines += ["| backbone | method | rho | lambda | lr | B | wd | target eps | seed | tasks | relation | "
+              "claimed eps | recomputed eps | lower bound | max delta |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, group in ledger.groupby(GROUP, dropna=False):
         spent = max(epsilon_value(v) for v in group["spent_epsilon"])
+        recomputed = group["recomputed_epsilon"].astype(float).max()
+        lower = group["lower_bound_epsilon"].astype(float).max()
         delta = max(float(v) for v in group["delta"])
         backbone, method, rho, anchor_lambda, lr, batch_size, weight_decay, target, seed = key
         settings = " | ".join("--" if math.isnan(v) else f"{v:g}" for v in (lr, batch_size, weight_decay))
+        relation = ", ".join(sorted(set(group["neighbouring"].dropna().astype(str)))) or "--"
         lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {settings} | {target} | {seed} | "
-                     f"{len(group)} | {spent:.4f} | {delta:.3g} |")
+                     f"{len(group)} | {relation} | {spent:.4f} | {recomputed:.4f} | {lower:.4f} | {delta:.3g} |")
     composition = task_composition(ledger, statistics, audits)
     lines += ["", "## Everything published, composed per task", "",
               "Every private release, private statistic and private audit run of the ledger that read a task's "
@@ -307,13 +382,14 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
               f"({COMPOSITION_ACCOUNTANT.upper()}, at the task's delta): the epsilon of publishing all of them "
               "together. The non-private reference is a baseline to compare against, not a release: publishing "
               "it too would leave its task's data unprotected (last column).", "",
-              "| task | backbones | private releases | private statistics | private audit runs | max single eps | "
-              "composed eps | delta | non-private releases | with them published |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| task | backbones | relation | private releases | private statistics | private audit runs | "
+              "max single eps | composed eps | delta | non-private releases | with them published |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in composition.itertuples():
-        lines.append(f"| {row.task} | {row.backbones} | {row.private_releases} | {row.private_statistics} | "
-                     f"{row.private_audit_runs} | "
-                     f"{row.max_single_epsilon:.4f} | {row.composed_epsilon:.4f} | {row.delta:.3g} | "
+        composed = "not composed (mixed relations)" if row.neighbouring == "mixed" else f"{row.composed_epsilon:.4f}"
+        lines.append(f"| {row.task} | {row.backbones} | {row.neighbouring or '--'} | {row.private_releases} | "
+                     f"{row.private_statistics} | {row.private_audit_runs} | "
+                     f"{row.max_single_epsilon:.4f} | {composed} | {row.delta:.3g} | "
                      f"{row.nonprivate_releases} | {row.published_epsilon:.4g} |")
     if statistics is not None and len(statistics):
         lines += ["", "## Merge statistics (RegMean Grams, Fisher)", "",
@@ -337,9 +413,13 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
     lines += ["", "## Check", ""]
     check = ledger_check(ledger, problems, statistics, audits)
     if (gap := check["independent_gap_percent"]) is not None:
-        lines += [f"Independent accountant (dp_accounting) on the {check['private_releases']} private records: "
-                  f"{gap['min']:+.3f} % to {gap['max']:+.3f} % of the claimed epsilon.", ""]
+        lines += [f"Second accountant on the add/remove records: {gap['min']:+.3f} % to {gap['max']:+.3f} % of "
+                  "what it is compared with.", ""]
+    if (lower := check["lower_bound_ratio"]) is not None:
+        lines += [f"Sum-test lower bound on the {check['private_releases']} private records: {lower['min']:.3f} to "
+                  f"{lower['max']:.3f} of the claimed epsilon (above 1 would expose a false claim).", ""]
     lines += [f"- FAIL: {p}" for p in problems] or [
-        "- every record complete, keyed, within its budget, its epsilon recomputed from the record and not "
-        "exceeded by an independent accountant: PASS"]
+        "- every record complete, keyed, within its budget, its epsilon recomputed from the record under the "
+        "relation it states, not exceeded by a second accountant and not below the sum test's lower bound: PASS"]
+    lines += [f"- NOTE: {note}" for note in check["notes"]]
     return "\n".join(lines) + "\n"

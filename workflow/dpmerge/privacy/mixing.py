@@ -79,15 +79,12 @@ class DeltaCurve:
         relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if replace
                     else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
         self._accountant = pld_privacy_accountant.PLDAccountant(relation, PLD_DISCRETISATION)
-        # record_mechanisms halves sigma for replace_one (the add/remove view); the PLD accounts replacement
-        # itself, so it is given the sigma that ran
-        scale = 2.0 if replace else 1.0
         quiet = logging.getLogger().level
         logging.getLogger().setLevel(logging.ERROR)
         try:
             for sigma, rate, steps in record_mechanisms(record):
                 self._accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-                    rate, dp_accounting.GaussianDpEvent(sigma * scale)), steps))
+                    rate, dp_accounting.GaussianDpEvent(sigma)), steps))
         finally:
             logging.getLogger().setLevel(quiet)
 
@@ -182,12 +179,13 @@ def plan_selection(records: list[dict], target_epsilon: float, delta: float, uti
 def combination_epsilon(records: list[dict], delta: float, accountant: str | None = None) -> float:
     """epsilon of any linear combination sum_i a_i w_i of the components: the composition of every component's
     steps (independent runs on the same data), by the accountant (default: the one the components were calibrated
-    with, RDP where they differ)."""
+    with, the PLD where they differ)."""
     check_components(records)
     if accountant is None:
         used = {str(r.get("accountant", "rdp")) for r in records}
-        accountant = used.pop() if len(used) == 1 and used <= set(ACCOUNTANTS) else "rdp"
-    return composed_epsilon([m for r in records for m in record_mechanisms(r)], delta, accountant)
+        accountant = used.pop() if len(used) == 1 and used <= set(ACCOUNTANTS) else "pld"
+    return composed_epsilon([m for r in records for m in record_mechanisms(r)], delta, accountant,
+                            records[0]["neighbouring"])
 
 
 def mixture_record_epsilon(record: dict) -> float:

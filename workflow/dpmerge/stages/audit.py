@@ -41,7 +41,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     from dpmerge.privacy.audit import audit_scores
     from dpmerge.privacy.audit_ledger import claimed_epsilon
     from dpmerge.privacy.randomness import MechanismRandomness
-    from dpmerge.stages.finetune import training_inputs
+    from dpmerge.stages.finetune import backbone_settings, training_inputs
     from dpmerge.training.finetune import finetune as train
     from dpmerge.training.finetune import finetune_identity
 
@@ -61,7 +61,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
             raise ValueError(f"--group {name}: {unknown or name!r} is not a class of {prepared['task']} "
                              f"({', '.join(prepared['class_names'])}) or is a reserved group name")
     identity = {"backbone": backbone, "task": prepared["task"], "method": method,
-                "audit": {"kind": kind, "canaries": canaries}}
+                "backbone_settings": backbone_settings(backbone_spec), "audit": {"kind": kind, "canaries": canaries}}
     num_classes = prepared["task_spec"]["num_classes"]
     inputs = None
     if kind == "black_box":

@@ -27,7 +27,8 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method_label: str
     result = train(
         network, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
         prepared["train_labels"], config, study_key=key,
-        identity={"backbone": backbone, "task": prepared["task"], "method": method_label}, log=log,
+        identity={"backbone": backbone, "task": prepared["task"], "method": method_label,
+                  "backbone_settings": backbone_settings(backbone_spec)}, log=log,
         checkpoint=checkpoint, checkpoint_every=checkpoint_every, head=head, train_head=head is None,
     )
     # Training losses are statistics of private data: they stay in the job log, never in a released file.
@@ -37,6 +38,17 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method_label: str
     if checkpoint:
         Path(checkpoint).unlink(missing_ok=True)
     log(f"[finetune] released {out_vector} (spent epsilon {result.record['spent_epsilon']})")
+
+
+# Where the weights and the job are, not what they are (the weights' hash is in the identity already): moving a
+# checkpoint file or running on another device draws the same randomness.
+LOCATION_SETTINGS = ("checkpoint", "cache_dir", "device")
+
+
+def backbone_settings(backbone_spec: dict) -> dict:
+    """The backbone's settings that define a fine-tune's mechanism (image size, trainable blocks, precision, ...):
+    part of its randomness identity."""
+    return {k: v for k, v in sorted(backbone_spec.items()) if k not in LOCATION_SETTINGS}
 
 
 def training_inputs(*, backbone_spec: dict, data: str, method: str, hparams: dict, epsilon: float | None, seed: int,

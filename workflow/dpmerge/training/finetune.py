@@ -28,6 +28,7 @@ from dpmerge.models.losses import task_loss
 from dpmerge.privacy.accounting import (
     NEIGHBOURING,
     calibrate_noise_multiplier,
+    check_relation,
     effective_noise_multiplier,
     spent_epsilon_of_steps,
 )
@@ -56,9 +57,10 @@ class FinetuneConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     rho: float = 0.05  # SAM radius (paper: 0.05)
     anchor_lambda: float = 0.05  # anchor strength lambda (paper: 0.05)
-    accountant: str = "rdp"
+    accountant: str = "pld"  # exact for both relations; rdp/prv: add/remove only (privacy/accounting.py)
     delta: float | None = None  # None -> 1/N (the paper's); an explicit delta must be <= 1/N
-    neighbouring: str = "add_remove"  # or "replace_one": sensitivity 2C, sigma doubled (privacy/accounting.py)
+    neighbouring: str = "replace_one"  # or "add_remove", which needs public_n
+    public_n: int | None = None  # add/remove: the public dataset size q, steps and delta come from, never N
     rng: str = "keyed"  # "secure": sampler and noise from a CSPRNG (privacy/randomness.py)
     seed: int = 0  # repetition index; the randomness comes from the study key, not from this number
     log_every: int = 10
@@ -76,6 +78,14 @@ class FinetuneConfig:
         if self.neighbouring not in NEIGHBOURING:
             raise ValueError(f"privacy.neighbouring must be one of {', '.join(NEIGHBOURING)}, "
                              f"got {self.neighbouring!r}")
+        if METHODS[self.method].private:
+            check_relation(self.accountant, self.neighbouring)
+        if self.public_n is not None and not (isinstance(self.public_n, int) and self.public_n > 0):
+            raise ValueError(f"privacy.public_n must be a positive integer, got {self.public_n!r}")
+        if self.neighbouring == "add_remove" and METHODS[self.method].private and self.public_n is None:
+            raise ValueError("privacy.neighbouring add_remove needs privacy.public_n, a public dataset size: under "
+                             "add/remove N differs between neighbours, so q = B/N, delta = 1/N and a record carrying "
+                             "N would reveal membership (use replace_one, the default, to treat N as public)")
         if self.rng not in RNG_MODES:
             raise ValueError(f"privacy.rng must be one of {', '.join(RNG_MODES)}, got {self.rng!r}")
         if self.per_sample_gradients not in ("auto", *STRATEGIES):
@@ -154,12 +164,20 @@ def _already_pooled(pooled: torch.Tensor) -> torch.Tensor:
     return pooled
 
 
-def finetune_identity(config: FinetuneConfig, identity: dict, pretrained_sha256: str) -> dict:
+def finetune_identity(config: FinetuneConfig, identity: dict, pretrained_sha256: str, *,
+                      data_sha256: str | None = None, num_examples: int | None = None,
+                      per_sample_gradients: str | None = None) -> dict:
     """Everything that makes a fine-tune this mechanism and no other: the caller's names (backbone, task, method
-    label), the pretrained weights and every setting (target epsilon, seed index, sweep values, lr, ...). Two
-    fine-tunes that differ in any of them draw independent randomness under one study key."""
+    label, backbone settings), the pretrained weights, the training data's fingerprint and size, the per-sample
+    gradient strategy that runs and every setting (target epsilon, seed index, sweep values, lr, ...). Two
+    fine-tunes that differ in any of them draw independent randomness under one study key: two runs on different
+    data of one size must not share batches and noise, or the difference of their releases cancels the noise."""
     settings = {k: v for k, v in asdict(config).items() if k != "log_every"}  # logging is not the mechanism
-    return {"mechanism": "finetune", **identity, "pretrained_sha256": pretrained_sha256, "settings": settings}
+    if per_sample_gradients is not None:
+        settings["per_sample_gradients"] = per_sample_gradients
+    data = {} if data_sha256 is None else {"data_sha256": data_sha256, "num_examples": num_examples}
+    return {"mechanism": "finetune", **identity, "pretrained_sha256": pretrained_sha256, **data,
+            "settings": settings}
 
 
 def finetune(
@@ -208,17 +226,25 @@ def finetune(
     num_examples = int(train_labels.shape[0])
     if config.batch_size > num_examples:
         raise ValueError(f"batch_size {config.batch_size} exceeds the {num_examples} training examples")
+    # Under add/remove the released numbers come from the public size, never from N (see FinetuneConfig).
+    public_size = config.neighbouring == "add_remove" and config.public_n is not None
+    population, size_name = (config.public_n, "public_n") if public_size else (num_examples, "N")
     # delta <= 1/N: a larger delta admits mechanisms that publish one whole example outright. The default is the
     # paper's 1/N; the tolerance lets a delta typed as 1/N's decimal expansion pass.
-    if config.delta is not None and method.private and not 0 < config.delta <= (1.0 / num_examples) * (1 + 1e-9):
-        raise ValueError(f"finetune.delta must be in (0, 1/N] = (0, {1.0 / num_examples:.6g}] for N = "
-                         f"{num_examples} training examples, got {config.delta}")
-    sample_rate = config.batch_size / num_examples
+    if config.delta is not None and method.private and not 0 < config.delta <= (1.0 / population) * (1 + 1e-9):
+        raise ValueError(f"finetune.delta must be in (0, 1/{size_name}] = (0, {1.0 / population:.6g}] for "
+                         f"{size_name} = {population}, got {config.delta}")
+    sample_rate = min(1.0, config.batch_size / population)
     steps = max(1, round(config.epochs / sample_rate))
-    delta = config.delta if config.delta is not None else 1.0 / num_examples
+    delta = config.delta if config.delta is not None else 1.0 / population
 
     device = backbone.device
-    mechanism = finetune_identity(config, identity, backbone.checkpoint_sha256)
+    strategy = (
+        backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
+    )
+    data_sha256 = tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}})
+    mechanism = finetune_identity(config, identity, backbone.checkpoint_sha256, data_sha256=data_sha256,
+                                  num_examples=num_examples, per_sample_gradients=strategy)
     randomness = MechanismRandomness(study_key, mechanism, config.rng)
     sampler = randomness.stream("poisson_sampler", "cpu")
     noise = randomness.stream("gaussian_noise", device)  # drawn where the gradients are (same stream on resume)
@@ -235,9 +261,6 @@ def finetune(
     for p in frozen_top:
         p.requires_grad_(False)
     model.train()
-    strategy = (
-        backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
-    )
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     # Nothing to train (a head-only run with a frozen zero-shot head): no query touches the data, none is
@@ -268,7 +291,7 @@ def finetune(
     else:
         sigma = 0.0
     log(
-        f"[finetune] method={config.method} N={num_examples} q={sample_rate:.5f} steps={steps} "
+        f"[finetune] method={config.method} {size_name}={population} q={sample_rate:.5f} steps={steps} "
         f"sigma={sigma:.4f} queries/step={method.queries_per_step} delta={delta:.3g}"
         + (f" neighbouring={config.neighbouring} randomness={config.rng} per-sample={strategy}"
            if method.private else "")
@@ -304,7 +327,7 @@ def finetune(
     memory: dict[str, list[torch.Tensor]] = {}  # what a step function keeps for the next step (method_update)
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
-        # Identifies the run a checkpoint belongs to; hashing the data is only worth it when resuming is on.
+        # Identifies the run a checkpoint belongs to.
         fingerprint = {
             "config": asdict(config),
             # the same study key and mechanism identity, or the resumed streams would not be this run's
@@ -312,12 +335,12 @@ def finetune(
             # how the streams cut their draws over generators: a checkpoint from another layout cannot resume them
             "random_streams": [sampler.layout, noise.layout],
             "num_examples": num_examples,
-            "data_sha256": tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}}),
+            "data_sha256": data_sha256,
             "pretrained_sha256": backbone.checkpoint_sha256,
             "parameters": names,
             "sigma": sigma,
             # strategies agree only up to float rounding; a resume must reproduce the run bit for bit
-            "per_sample_gradients": strategy,
+            "per_sample_gradients": strategy if method.private else None,
             "precision": backbone.precision,
             "train_head": train_head,
             "head_sha256": tensors_sha256(head) if head is not None else None,
@@ -363,14 +386,18 @@ def finetune(
                 _save_checkpoint(checkpoint, fingerprint, step + 1, steps_by_queries, params, optimizer, sampler,
                                  noise, memory)
             if step % config.log_every == 0 or step == steps - 1:
-                # Progress for the local log only: this loss is NOT privatized and must never be released.
-                with torch.no_grad(), backbone.autocast():
-                    loss = task_loss(model(*features), labels).item() if labels.numel() else float("nan")
-                losses.append(loss)
                 elapsed = time.time() - started
                 rate = (step + 1 - first_step) / elapsed if elapsed > 0 else float("inf")
+                # A private run's log shows progress only: its loss and real batch size are statistics of the
+                # private data that nothing privatized, and logs get copied with results.
+                observed = ""
+                if not method.private:
+                    with torch.no_grad(), backbone.autocast():
+                        loss = task_loss(model(*features), labels).item() if labels.numel() else float("nan")
+                    losses.append(loss)
+                    observed = f" batch={labels.numel()} loss={loss:.4f}"
                 log(
-                    f"[finetune] step {step + 1}/{steps} batch={labels.numel()} loss={loss:.4f} "
+                    f"[finetune] step {step + 1}/{steps}{observed} "
                     f"elapsed={elapsed:.1f}s ({rate:.2f} steps/s, eta {(steps - step - 1) / rate:.0f}s)"
                 )
         log(compute_line("training loop", time.perf_counter() - loop_started))
@@ -402,8 +429,7 @@ def finetune(
         "spent_epsilon": spent if method.private else NONPRIVATE_RECORDED,
         "delta": delta if method.private else 0.0,
         "noise_multiplier": sigma,
-        "effective_noise_multiplier": effective_noise_multiplier(sigma, method.queries_per_step,
-                                                                 config.neighbouring),
+        "effective_noise_multiplier": effective_noise_multiplier(sigma, method.queries_per_step),
         "sample_rate": sample_rate,
         "steps": sum(steps_by_queries.values()),
         "clip_norm": config.clip_norm if method.private else None,
@@ -421,10 +447,13 @@ def finetune(
         # The checkpoint's hash says which file the weights came from; this one says what w0 holds, so a merge
         # can check its base is the w0 this vector is a difference from (stages/merge.py checked_base).
         "w0_sha256": tensors_sha256(pretrained),
-        "num_train_examples": num_examples,
+        # N is public under replace-one; under add/remove it differs between neighbours and only the public size
+        # the run was accounted with is released.
+        "num_train_examples": num_examples if config.neighbouring == "replace_one" else None,
+        "public_n": config.public_n if config.neighbouring == "add_remove" else None,
         "hyperparameters": {
             **{k: v for k, v in asdict(config).items() if k != "log_every"},
-            "per_sample_gradients": strategy if method.private else None,
+            "per_sample_gradients": strategy,
             "precision": backbone.precision,
             "train_head": train_head,
         },
