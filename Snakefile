@@ -55,22 +55,34 @@ os.environ.setdefault("DPMERGE_CALIBRATION_CACHE", os.path.abspath(os.path.join(
 # or side channels (the study key and kept audit runs, prepared data, checkpoints, logs, benchmarks) are made
 # 0700 before any job runs, so nothing a job writes there is ever reachable by others, and everything in them
 # 0700/0600 now (what an older or interrupted run left) and when the run ends. Releases keep the umask's modes.
-if workflow.is_main_process and not workflow.dryrun:
+# While the Snakefile is parsed, a dry run cannot be told from a run (workflow.dryrun is not known yet), so only
+# what exists is tightened here (an older study's folders, also when a rerun finds nothing to do); onstart, which
+# runs before the first job and never on a dry run, creates the folders.
+if workflow.is_main_process and os.path.isdir(RESULTS):
+    from dpmerge import private_folders
+
+    private_folders.sweep(RESULTS)
+
+
+onstart:
     from dpmerge import private_folders
 
     private_folders.close(RESULTS)
 
 
+# A dry run also ends in onsuccess; it writes nothing, so it must not create the folders either.
 onsuccess:
-    from dpmerge import private_folders
+    if not workflow.dryrun:
+        from dpmerge import private_folders
 
-    private_folders.close(RESULTS)
+        private_folders.close(RESULTS)
 
 
 onerror:
-    from dpmerge import private_folders
+    if not workflow.dryrun:
+        from dpmerge import private_folders
 
-    private_folders.close(RESULTS)
+        private_folders.close(RESULTS)
 
 
 # The report opens on the study's answer once the run has written it (rule answer), else on the description.

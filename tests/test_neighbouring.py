@@ -220,3 +220,10 @@ def test_a_remembered_calibration_is_rechecked_and_a_wrong_one_recomputed(tmp_pa
     assert pld.cached_noise_multiplier_for(4.0, 1e-3, 0.05, 40, "replace_one") == first and len(searches) == 2
     other = pld.cached_noise_multiplier_for(4.0, 1e-3, 0.05, 40, "add_remove")  # another setting, its own entry
     assert other < first and len(searches) == 3
+
+
+def test_the_config_check_knows_which_accountants_account_replace_one():
+    from dpmerge import config_check
+    from dpmerge.privacy import accounting
+
+    assert config_check.REPLACE_ONE_ACCOUNTANTS == accounting.REPLACE_ONE_ACCOUNTANTS

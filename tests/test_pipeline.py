@@ -156,7 +156,7 @@ def test_outputs_hold_the_values_they_claim(finished_run):
     private = statistics.query("kind == 'fisher'")
     assert len(private) == 8 and (private["source"] == "private").all() and (private["examples"] == 32).all()
     # a Poisson sample at rate m/N of the 48 private examples, accounted as such
-    assert np.allclose(private["sample_rate"], 32 / 48) and (private["neighbouring"] == "add_remove").all()
+    assert np.allclose(private["sample_rate"], 32 / 48) and (private["neighbouring"] == "replace_one").all()
     main_grid = ledger[ledger["path"].str.contains(r"/eps4/(?:naive_dp|dp_merging)/s0/", regex=True)]
     spent = main_grid.set_index(["backbone", "method", "task"])["spent_epsilon"].astype(float)
     for row in private.itertuples():
@@ -398,7 +398,7 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
          "merge.regmean.statistics.data: public needs a dataset declared public for every backbone; "
          "backbones.minilm.public_data is not set"),
         (lambda c: c.update(privacy={"rng": "fast"}), "'fast' is not one of ['keyed', 'secure']"),
-        (lambda c: c.update(privacy={"neighbouring": "swap"}), "'swap' is not one of ['add_remove', 'replace_one']"),
+        (lambda c: c.update(privacy={"neighbouring": "swap"}), "'swap' is not one of ['replace_one', 'add_remove']"),
         (lambda c: c["merge"]["fisher"]["statistics"].pop("epsilon"),
          "merge.fisher.statistics: data: private needs clip_norm and epsilon"),
         (lambda c: c["merge"]["ties"].update(statistics={"data": "public"}),

@@ -74,7 +74,7 @@ def test_paper_presets_name_the_papers_settings():
         config = preset(name)
         assert config["finetune"] == {
             "epochs": 10, "batch_size": 16, "clip_norm": 0.2, "lr": 1e-5, "weight_decay": 0.01,
-            "betas": [0.9, 0.999], "rho": 0.05, "anchor_lambda": 0.05, "accountant": "rdp"}
+            "betas": [0.9, 0.999], "rho": 0.05, "anchor_lambda": 0.05, "accountant": "pld"}
         assert set(config["merge"]) == {"weight_averaging", "regmean", "task_arithmetic", "ties", "pcb", "wudi"}
     assert preset("paper_vision.yaml")["epsilons"] == [1, 2, 4, 8]
     glue = preset("paper_glue.yaml")

@@ -201,7 +201,8 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
              "Pretrained: w0 unchanged with each task's own head trained under DP at the same budget (CLIP: "
              "its zero-shot heads), the score a merge must beat to be worth doing. "
              "Each difference is paired by seed (the same seed index, tasks and operator). " + INTERVAL_NOTE)
-    ledger_line = f"Privacy ledger (every release's record, recomputed and checked independently): {verdict}."
+    ledger_line = ("Privacy ledger (every release's ε recomputed from its record under its neighbouring relation and "
+                   f"held above an accountant-free lower bound): {verdict}.")
     audits = [audit_line(pd.read_parquet(audit_table)), ""] if audit_table else []
     markdown = [f"# {title}", "", intro, "", *_markdown_table(rows, names), "", *[f"- {s}" for s in summary], "",
                 ledger_line, "", *audits, "Files: " + ", ".join(f"`{link}`" for link in links), ""]
