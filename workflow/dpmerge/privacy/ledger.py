@@ -322,7 +322,7 @@ def ledger_notes(ledger: pd.DataFrame) -> list[str]:
     return [f"{len(at_one_over_n)} of {len(private)} private releases use delta = 1/N (the paper's convention), "
             "weaker than common practice: a mechanism that publishes one training example drawn at random, whole, "
             "is (0, 1/N)-DP, so delta = 1/N excludes no such mechanism. Common practice is delta << 1/N (e.g. "
-            "finetune.delta: 1.0e-5 or 1/(10 N)), which costs little noise (docs/privacy.md)."]
+            "finetune.delta: 1.0e-5 or 1/(10 N)); what that costs is in docs/privacy.md."]
 
 
 def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
