@@ -110,7 +110,8 @@ def spent_epsilon_of_steps(
                             neighbouring)
 
 
-def step_mechanisms(noise_multiplier: float, sample_rate: float, steps_by_queries: dict) -> list[tuple[float, float, int]]:
+def step_mechanisms(noise_multiplier: float, sample_rate: float,
+                    steps_by_queries: dict) -> list[tuple[float, float, int]]:
     """The accountant's view of steps that ran: (effective noise multiplier, sample rate, steps) per count k of
     queries on one batch (keys may be JSON strings)."""
     return [(effective_noise_multiplier(noise_multiplier, int(k)), sample_rate, int(steps))

@@ -68,7 +68,10 @@ def lower_bound_epsilon(mechanisms: list[tuple[float, float, int]], delta: float
     for sigma, rate, steps in mechanisms:
         if int(steps) <= 0 or float(rate) <= 0 or float(sigma) <= 0:
             continue
-        excess = lambda eps: sum_test_delta(eps, float(sigma), float(rate), int(steps), neighbouring) - delta  # noqa: E731
+
+        def excess(eps, sigma=float(sigma), rate=float(rate), steps=int(steps)):
+            return sum_test_delta(eps, sigma, rate, steps, neighbouring) - delta
+
         if excess(best) <= 0:
             continue
         high = max(1.0, 2 * best)
