@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from conftest import keyed
+from conftest import TEST_STUDY_KEY, keyed
 from dpmerge.training.finetune import FinetuneConfig, finetune
 
 # The auditor's paper-like setting: N = 5000, B = 16, 10 epochs, epsilon 1, delta = 1/N.
@@ -227,3 +227,16 @@ def test_the_config_check_knows_which_accountants_account_replace_one():
     from dpmerge.privacy import accounting
 
     assert config_check.REPLACE_ONE_ACCOUNTANTS == accounting.REPLACE_ONE_ACCOUNTANTS
+
+
+def test_a_private_statistic_of_an_add_remove_release_samples_at_its_public_size():
+    from test_privacy import release
+
+    from dpmerge.merge.statistics import private_sample
+
+    _, record = release("a", accountant="pld", neighbouring="add_remove")
+    record = {**record, "public_n": 2000, "randomness": "keyed"}
+    drawn = private_sample("gram", record, "v" * 64, 1200, 256, 1.0, 1.0, TEST_STUDY_KEY)
+    assert drawn.record["sample_rate"] == pytest.approx(256 / 2000) and drawn.normaliser == pytest.approx(256)
+    with pytest.raises(ValueError, match="without privacy.public_n"):
+        private_sample("gram", {**record, "public_n": None}, "v" * 64, 1200, 256, 1.0, 1.0, TEST_STUDY_KEY)
