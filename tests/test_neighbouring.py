@@ -240,3 +240,17 @@ def test_a_private_statistic_of_an_add_remove_release_samples_at_its_public_size
     assert drawn.record["sample_rate"] == pytest.approx(256 / 2000) and drawn.normaliser == pytest.approx(256)
     with pytest.raises(ValueError, match="without privacy.public_n"):
         private_sample("gram", {**record, "public_n": None}, "v" * 64, 1200, 256, 1.0, 1.0, TEST_STUDY_KEY)
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 4.0])
+def test_an_honest_add_remove_pld_release_passes_its_second_accountant(epsilon):
+    """Opacus's PRV returns the upper end of its estimate; at its default error (0.01) an honest PLD claim of 1.0
+    would look 1 % short, so the ledger asks it for 1e-3."""
+    from test_privacy import release
+
+    from dpmerge.privacy.ledger import check_ledger, ledger_of_records
+
+    path, record = release("a", epsilon, method="naive_dp", accountant="pld", neighbouring="add_remove")
+    table = ledger_of_records([(path, record)])
+    assert check_ledger(table) == []
+    assert table["independent_epsilon"].iloc[0] == pytest.approx(record["spent_epsilon"], rel=3e-3)

@@ -340,7 +340,7 @@ def finetune(
             "parameters": names,
             "sigma": sigma,
             # strategies agree only up to float rounding; a resume must reproduce the run bit for bit
-            "per_sample_gradients": strategy if method.private else None,
+            "per_sample_gradients": strategy,
             "precision": backbone.precision,
             "train_head": train_head,
             "head_sha256": tensors_sha256(head) if head is not None else None,
@@ -453,7 +453,7 @@ def finetune(
         "public_n": config.public_n if config.neighbouring == "add_remove" else None,
         "hyperparameters": {
             **{k: v for k, v in asdict(config).items() if k != "log_every"},
-            "per_sample_gradients": strategy,
+            "per_sample_gradients": strategy if method.private else None,
             "precision": backbone.precision,
             "train_head": train_head,
         },
