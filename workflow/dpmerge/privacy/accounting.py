@@ -12,9 +12,10 @@ noise N(0, sigma^2 C^2 I):
 
 We therefore account a step of k queries at noise multiplier sigma as ONE step of the subsampled Gaussian at
 sigma/sqrt(k). Opacus's accountant hooks on the optimizer count one query per optimizer step and are never
-used here; we drive the accountants directly with the effective noise multiplier: RDP through `rdp.py`
-(Opacus's analysis on arrays, held to Opacus's own functions by tests/test_rdp.py: 5-8x faster, which is most
-of a short job's calibration time), PRV through Opacus's accountant.
+used here; we drive the accountants directly with the effective noise multiplier: the PLD through dp_accounting
+(`pld.py`, the default), RDP through `rdp.py` (Opacus's analysis on arrays, held to Opacus's own functions by
+tests/test_rdp.py), PRV through Opacus's accountant. Under replacement the pair of queries is still one
+mechanism: the two clipped gradients of the example, and of its replacement, each have norm <= sqrt(2) C together.
 
 Neighbouring relation (`NEIGHBOURING`). `replace_one` (default): two datasets of the same size N are neighbours if
 one example is replaced by another. N is then public, and records carry it (it sets q = B/N, delta = 1/N and the
