@@ -232,3 +232,15 @@ def test_released_budgets_are_the_main_grids_and_the_sweeps():
     assert released_budgets(config, "effnet", "naive_dp") == [4.0, 8.0]
     assert released_budgets(config, "minilm", "naive_dp") == [4.0]
     assert released_budgets(config, "effnet", "dp_sam") == []
+
+
+def test_a_mixture_of_add_remove_releases_is_bounded_by_their_public_size_and_never_carries_n(tmp_path):
+    components = [release(tmp_path, e, neighbouring="add_remove", num_train_examples=None, public_n=2 * N,
+                          delta=1 / (2 * N))
+                  for e in (1.0, 8.0)]
+    mixture, out_vector, _ = run_mix(tmp_path, components, target=3.0)
+    record = read_metadata(out_vector)
+    assert record["num_train_examples"] is None and record["public_n"] == 2 * N
+    assert check_ledger(build_ledger([str(out_vector)])) == []
+    with pytest.raises(ValueError, match=r"--delta must be in \(0, 1/public_n\]"):
+        run_mix(tmp_path, components, target=3.0, delta=1.5 / (2 * N))

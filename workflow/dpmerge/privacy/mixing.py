@@ -60,7 +60,7 @@ def check_components(records: list[dict], names: list[str] | None = None) -> Non
         raise ValueError("a mixture needs at least one component")
     for record, name in zip(records, names):
         _check_component(record, name)
-    for field in ("neighbouring", "num_train_examples", "pretrained_sha256"):
+    for field in ("neighbouring", "num_train_examples", "public_n", "pretrained_sha256"):
         values = {str(r.get(field)) for r in records}
         if len(values) > 1:
             raise ValueError(f"components disagree on {field} ({', '.join(sorted(values))}): a mixture is of "

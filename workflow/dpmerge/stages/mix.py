@@ -13,7 +13,7 @@ from dpmerge.stages.common import log
 
 # The record fields that must agree between a component's task vector and its head (one run's two files)
 _RUN_FIELDS = ("method", "spent_epsilon", "noise_multiplier", "sample_rate", "steps_by_queries", "seed",
-               "pretrained_sha256", "num_train_examples", "neighbouring", "task", "backbone")
+               "pretrained_sha256", "num_train_examples", "public_n", "neighbouring", "task", "backbone")
 
 
 def _components(task_vectors: list[str], heads: list[str],
@@ -61,10 +61,13 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"--target-epsilon must be a positive number, got {target_epsilon}")
     records = _components(task_vectors, heads)
-    n = int(records[0]["num_train_examples"])
+    # delta <= 1/N, N the size the components were accounted with (public_n under add/remove, never N itself)
+    size_name = "public_n" if records[0].get("neighbouring") == "add_remove" else "N"
+    n = int(records[0]["public_n" if size_name == "public_n" else "num_train_examples"])
     delta = min(float(r["delta"]) for r in records) if delta is None else float(delta)
     if not 0 < delta <= 1.0 / n:
-        raise ValueError(f"--delta must be in (0, 1/N] = (0, {1.0 / n:g}] for N = {n}, got {delta:g}")
+        raise ValueError(f"--delta must be in (0, 1/{size_name}] = (0, {1.0 / n:g}] for {size_name} = {n}, "
+                         f"got {delta:g}")
     if utilities is not None and len(utilities) != len(records):
         raise ValueError(f"--utilities: one per component ({len(records)}), got {len(utilities)}")
     selection = plan_selection(records, target_epsilon, delta, utilities)
