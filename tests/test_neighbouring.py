@@ -254,3 +254,33 @@ def test_an_honest_add_remove_pld_release_passes_its_second_accountant(epsilon):
     table = ledger_of_records([(path, record)])
     assert check_ledger(table) == []
     assert table["independent_epsilon"].iloc[0] == pytest.approx(record["spent_epsilon"], rel=3e-3)
+
+
+def test_the_config_check_names_what_a_relation_needs():
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    from dpmerge.config_check import ConfigError, check_config
+
+    default = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+
+    def checked(privacy, finetune=None):
+        config = copy.deepcopy(default)
+        config["privacy"] = privacy
+        config["finetune"].update(finetune or {})
+        check_config(config)
+        return config
+
+    with pytest.raises(ConfigError, match="add_remove needs privacy.public_n"):
+        checked({"neighbouring": "add_remove"})
+    with pytest.raises(ConfigError, match="privacy.public_n names no size for task"):
+        checked({"neighbouring": "add_remove", "public_n": {"digits": 1500}})
+    with pytest.raises(ConfigError, match="accountant 'rdp' .* accounts add/remove only"):
+        checked({"neighbouring": "replace_one"}, {"accountant": "rdp"})
+    with pytest.raises(ConfigError, match="public_n is for add_remove only"):
+        checked({"neighbouring": "replace_one", "public_n": 1500})
+    tasks = {t for entry in default["backbones"].values() for t in entry["tasks"]}
+    assert checked({"neighbouring": "add_remove", "public_n": {t: 1500 for t in tasks}},
+                   {"accountant": "rdp"})["privacy"]["public_n"]["digits"] == 1500
