@@ -48,17 +48,21 @@ def _log_densities(sigma: float, rate: float, steps: int, neighbouring: str):
     return x, mixture(1.0), stats.norm.logpdf(x, 0.0, spread)
 
 
-def sum_test_delta(epsilon: float, sigma: float, rate: float, steps: int, neighbouring: str) -> float:
-    """delta(epsilon) of the sum of `steps` steps: a lower bound on the mechanism's delta(epsilon)."""
+def sum_test(sigma: float, rate: float, steps: int, neighbouring: str):
+    """delta(epsilon) of the sum of `steps` steps, a lower bound on the mechanism's delta(epsilon), as a function
+    of epsilon: the two densities are computed once, each epsilon costs one pass over the grid."""
     x, log_p, log_q = _log_densities(sigma, rate, steps, neighbouring)
 
-    def hockey_stick(first, second):
-        return float(np.trapezoid(np.maximum(np.exp(first) - np.exp(epsilon + second), 0.0), x))
+    def delta(epsilon: float) -> float:
+        def hockey_stick(first, second):
+            return float(np.trapezoid(np.maximum(np.exp(first) - np.exp(epsilon + second), 0.0), x))
 
-    found = hockey_stick(log_p, log_q)
-    if neighbouring == "add_remove":  # not symmetric: the removal direction too
-        found = max(found, hockey_stick(log_q, log_p))
-    return found
+        found = hockey_stick(log_p, log_q)
+        if neighbouring == "add_remove":  # not symmetric: the removal direction too
+            found = max(found, hockey_stick(log_q, log_p))
+        return found
+
+    return delta
 
 
 def lower_bound_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, neighbouring: str) -> float:
@@ -68,9 +72,10 @@ def lower_bound_epsilon(mechanisms: list[tuple[float, float, int]], delta: float
     for sigma, rate, steps in mechanisms:
         if int(steps) <= 0 or float(rate) <= 0 or float(sigma) <= 0:
             continue
+        test = sum_test(float(sigma), float(rate), int(steps), neighbouring)
 
-        def excess(eps, sigma=float(sigma), rate=float(rate), steps=int(steps)):
-            return sum_test_delta(eps, sigma, rate, steps, neighbouring) - delta
+        def excess(eps, test=test):
+            return test(eps) - delta
 
         if excess(best) <= 0:
             continue
