@@ -104,10 +104,10 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
                                          discretisation) - aim
 
     coarse = _root(excess_on(SEARCH_DISCRETISATION), 0.0)
-    fine = excess_on(DISCRETISATION)
-    value = fine(coarse)
-    log_sigma = coarse if -epsilon_tolerance / 2 <= value <= epsilon_tolerance / 2 else _root(fine, coarse)
-    sigma = math.exp(log_sigma)
+    spent = epsilon([(math.exp(coarse), sample_rate, steps)], delta, neighbouring)
+    if target_epsilon - epsilon_tolerance <= spent <= target_epsilon:  # already met on the final grid
+        return math.exp(coarse)
+    sigma = math.exp(_root(excess_on(DISCRETISATION), coarse))
     # The discretised loss is a step function of sigma: move up until the claim is met on the final grid.
     while epsilon([(sigma, sample_rate, steps)], delta, neighbouring) > target_epsilon:
         sigma *= 1.001
