@@ -25,7 +25,12 @@ from torch import nn
 
 from dpmerge.epsilon import NONPRIVATE_RECORDED
 from dpmerge.models.base import Backbone, TaskModel
-from dpmerge.privacy.accounting import calibrate_noise_multiplier, composed_epsilon, record_mechanisms
+from dpmerge.privacy.accounting import (
+    accounted_size,
+    calibrate_noise_multiplier,
+    composed_epsilon,
+    record_mechanisms,
+)
 from dpmerge.privacy.randomness import MechanismRandomness
 from dpmerge.training.dp_step import poisson_batch
 from dpmerge.training.persample import clip_factors
@@ -61,11 +66,12 @@ def private_sample(kind: str, release: dict, vector_sha256: str, num_examples: i
     q-subsampled step (under the release's neighbouring relation), composed with the release's own steps.
     Under add/remove N differs between neighbours, so q comes from the public size the release declares."""
     population = num_examples
-    if release["neighbouring"] == "add_remove" and release["method"] != "nonprivate":
-        if not release.get("public_n"):
+    size_name, size = accounted_size(release)
+    if size_name == "public_n" and release["method"] != "nonprivate":
+        if not size:
             raise ValueError(f"task {release['task']}: an add/remove release without privacy.public_n in its record "
                              "cannot have a private statistic (q would reveal N)")
-        population = int(release["public_n"])
+        population = int(size)
     sample_rate = min(1.0, examples / population)
     settings = {"examples": examples, "clip_norm": clip_norm, "epsilon": epsilon}
     randomness = MechanismRandomness(study_key, statistic_identity(kind, release, vector_sha256, settings),

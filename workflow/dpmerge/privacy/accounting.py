@@ -174,6 +174,14 @@ def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float, a
     return float(ledger.get_epsilon(delta=delta))
 
 
+def accounted_size(record) -> tuple[str, int | None]:
+    """(name, value) of the dataset size a release's q, steps and delta came from: under add/remove the public
+    size it declared (`public_n`; N differs between neighbours and is never released), else N."""
+    if record.get("neighbouring") == "add_remove":
+        return "public_n", record.get("public_n")
+    return "N", record.get("num_train_examples")
+
+
 def record_mechanisms(record: dict) -> list[tuple[float, float, int]]:
     """The accountant's view of one release from its privacy record alone: (effective noise multiplier, sample
     rate, steps) for every count of queries per step that ran (the record's `steps_by_queries`)."""

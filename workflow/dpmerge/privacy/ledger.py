@@ -38,6 +38,7 @@ from dpmerge.epsilon import epsilon_column_value, epsilon_value
 from dpmerge.privacy import rdp
 from dpmerge.privacy.accounting import (
     RDP_ORDERS,
+    accounted_size,
     composed_epsilon,
     record_epsilon,
     record_mechanisms,
@@ -324,7 +325,7 @@ def ledger_notes(ledger: pd.DataFrame) -> list[str]:
     private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
     if not len(private):
         return []
-    size = private["public_n"].where(private["public_n"].notna(), private["num_train_examples"]).astype(float)
+    size = private.apply(lambda row: accounted_size(row)[1], axis=1).astype(float)
     at_one_over_n = private[private["delta"].astype(float) >= (1.0 / size) * (1 - 1e-9)]
     if not len(at_one_over_n):
         return []

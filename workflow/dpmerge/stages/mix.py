@@ -54,6 +54,7 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
     (target_epsilon, delta) with the largest expected utility (default utility: each component's budget), and
     the draw is secret. Returns the mixture's record entry."""
     from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released
+    from dpmerge.privacy.accounting import accounted_size
     from dpmerge.privacy.mixing import plan_selection
     from dpmerge.privacy.randomness import MechanismRandomness
     from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
@@ -62,8 +63,8 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
         raise ValueError(f"--target-epsilon must be a positive number, got {target_epsilon}")
     records = _components(task_vectors, heads)
     # delta <= 1/N, N the size the components were accounted with (public_n under add/remove, never N itself)
-    size_name = "public_n" if records[0].get("neighbouring") == "add_remove" else "N"
-    n = int(records[0]["public_n" if size_name == "public_n" else "num_train_examples"])
+    size_name, n = accounted_size(records[0])
+    n = int(n)
     delta = min(float(r["delta"]) for r in records) if delta is None else float(delta)
     if not 0 < delta <= 1.0 / n:
         raise ValueError(f"--delta must be in (0, 1/{size_name}] = (0, {1.0 / n:g}] for {size_name} = {n}, "
