@@ -30,7 +30,8 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     `vectors` "task" merges the task vectors, "difference" their differences around the weight average.
     RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors, and the base
     w0 is checked like any input (`checked_base`). The output's metadata records the inputs (w0 included, by
-    their paths relative to the results folder: `recorded_paths`), the hyperparameters and the (epsilon, delta) the model is released at.
+    their paths relative to the results folder: `recorded_paths`), the hyperparameters and the (epsilon, delta)
+    the model is released at.
 
     Released vectors (every one with its full privacy record) must form one release group, each within its
     budget. Anyone's vectors without records merge too, with a warning on stderr, and the merged model records
