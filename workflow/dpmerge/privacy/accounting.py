@@ -38,7 +38,7 @@ import math
 from . import pld, rdp
 
 ACCOUNTANTS = ("pld", "rdp", "prv")
-NEIGHBOURING = ("replace_one", "add_remove")
+NEIGHBOURING = pld.RELATIONS  # ("replace_one", "add_remove")
 # Opacus's RDP and PRV analyses are of add/remove; replacement under Poisson sampling is accounted by the PLD.
 REPLACE_ONE_ACCOUNTANTS = ("pld",)
 
