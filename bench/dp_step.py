@@ -52,10 +52,11 @@ from dpmerge.cli_arguments import DescribedDefaultsShown
 from dpmerge.models.base import Backbone, TaskModel
 from dpmerge.models.reference_shapes import roberta_base_shaped, vit_b32_shaped
 from dpmerge.models.registry import load_backbone
+from dpmerge.privacy.gaussian_mechanism import clip_factors
 from dpmerge.privacy.randomness import GeneratorStream, MechanismRandomness
 from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
 from dpmerge.training.methods import METHODS
-from dpmerge.training.persample import clip_factors, make_clipper
+from dpmerge.training.persample import make_clipper
 from paired_ratio import describe  # bench/, beside this script
 
 BENCH_KEY = bytes(32)  # timing only: nothing trained here is released

@@ -11,6 +11,7 @@ from conftest import ToyBackbone, keyed
 from dpmerge.artifacts import file_tensors_sha256, read_metadata, tensors_sha256
 from dpmerge.models.base import TaskModel
 from dpmerge.models.registry import load_backbone
+from dpmerge.privacy.gaussian_mechanism import poisson_batch
 from dpmerge.privacy.randomness import GeneratorStream
 from dpmerge.stages.prepare import pretrained
 from dpmerge.training.dp_step import (
@@ -20,7 +21,6 @@ from dpmerge.training.dp_step import (
     clipped_gradient_sum,
     method_update,
     perturbed,
-    poisson_batch,
     privatized_gradient,
     sam_scale,
 )

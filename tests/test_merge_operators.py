@@ -425,7 +425,7 @@ def test_every_spec_has_an_implementation_and_every_implementation_a_spec():
 
     from dpmerge.merge import data_based, elementwise, personalized, spectral
     from dpmerge.merge.specs import NEEDS_STATISTICS, SPECS
-    from dpmerge.merge.statistics import KINDS
+    from dpmerge.privacy.statistics import KINDS
 
     families = [family.IMPLEMENTATIONS for family in (elementwise, spectral, personalized, data_based)]
     implemented = [name for family in families for name in family]

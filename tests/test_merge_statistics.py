@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpmerge.merge.statistics import fisher_statistics, gram_statistics, regmean_layers
 from dpmerge.models.base import Backbone
 from dpmerge.privacy.accounting import calibrate_noise_multiplier, composed_epsilon, spent_epsilon
 from dpmerge.privacy.randomness import GeneratorStream
+from dpmerge.privacy.statistics import fisher_statistics, gram_statistics, regmean_layers
 
 
 class ToyBackbone(Backbone):

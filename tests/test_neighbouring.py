@@ -227,7 +227,7 @@ def test_the_config_check_knows_which_accountants_account_replace_one():
 
 
 def test_a_private_statistic_of_an_add_remove_release_samples_at_its_public_size():
-    from dpmerge.merge.statistics import private_sample
+    from dpmerge.privacy.statistics import private_sample
     from test_privacy import release
 
     _, record = release("a", accountant="pld", neighbouring="add_remove")

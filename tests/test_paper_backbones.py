@@ -152,7 +152,7 @@ def test_clip_finetune_keeps_the_zero_shot_head_frozen(clip_files):
 
 
 def test_clip_gram_statistics_are_released_under_open_clip_names(clip_files):
-    from dpmerge.merge.statistics import gram_statistics
+    from dpmerge.privacy.statistics import gram_statistics
 
     backbone = clip_backbone(clip_files)
     (features,) = backbone.trunk_features(uint8_images(8))

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from conftest import TEST_STUDY_KEY, keyed
+from dpmerge.privacy.gaussian_mechanism import poisson_batch
 from dpmerge.privacy.randomness import (
     MIN_PIECE,
     NOISE_GENERATORS,
@@ -39,7 +40,6 @@ from dpmerge.privacy.study_key import (
     mechanism_fingerprint,
     read_key,
 )
-from dpmerge.training.dp_step import poisson_batch
 from dpmerge.training.finetune import FinetuneConfig, finetune, finetune_identity
 
 # ------------------------------------------------------------------------------------------ the key file
@@ -279,7 +279,7 @@ def test_mechanisms_differing_in_any_one_setting_draw_different_batches_and_nois
 
 
 def test_a_private_statistic_draws_apart_from_its_fine_tune_and_from_another_kind():
-    from dpmerge.merge.statistics import statistic_identity
+    from dpmerge.privacy.statistics import statistic_identity
 
     meta = {"backbone": "effnet", "task": "digits", "method": "naive_dp", "rho": 0.0, "anchor_lambda": 0.0,
             "target_epsilon": 4.0, "seed": 0}

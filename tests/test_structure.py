@@ -34,9 +34,9 @@ ROOMS_BELOW = {
     "catalog": {"config_check", "epsilon", "models", "training", "data", "merge", "report"},
     "diagnostics": {"models", "artifacts", "metrics", "runtime"},
     "report": {"artifacts", "epsilon", "runtime"},
-    "merge": {"training", "privacy", "models", "artifacts", "epsilon", "runtime"},
+    "merge": {"artifacts", "epsilon", "runtime"},  # pure tensor code: no data, no privacy, no training
     "training": {"privacy", "models", "artifacts", "epsilon", "runtime"},
-    "privacy": {"artifacts", "epsilon", "runtime"},
+    "privacy": {"models", "artifacts", "epsilon", "runtime"},  # models: private statistics run the backbone
     "models": {"artifacts", "metrics", "runtime"},
     "data": {"metrics", "runtime"},
     "artifacts": {"runtime"},

@@ -1,1 +1,1 @@
-"""Data-free merging: tensor sources, streamed order statistics, the operators, private merge statistics."""
+"""Data-free merging: tensor sources, streamed order statistics and the operators (pure tensor code: no data, no privacy)."""

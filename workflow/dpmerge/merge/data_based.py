@@ -1,5 +1,5 @@
 """Merge rules that also read per-task data statistics: RegMean (input Gram matrices) and Fisher merging
-(diagonal Fisher information). merge/statistics.py computes the statistics, on public data or privatized.
+(diagonal Fisher information). privacy/statistics.py computes the statistics, on public data or privatized.
 
 - RegMean: Jin et al., "Dataless Knowledge Fusion by Merging Weights of Language Models", arXiv 2212.09849
   (ICLR 2023): per linear layer, the closed-form least-squares fit to every task model's outputs on its own

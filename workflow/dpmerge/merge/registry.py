@@ -13,7 +13,7 @@ one task vector at a time), never T models; `merge` is the same computation over
 defaults are stated) with its implementation (merge/elementwise.py, merge/spectral.py, merge/personalized.py,
 merge/data_based.py); the config and the CLI look operators up here. Beyond the per-tensor rules:
 - RegMean and Fisher merging also read per-task data statistics (a `StatisticsSource`, one key at a time);
-  merge/statistics.py computes them on public data or privatized.
+  privacy/statistics.py computes them on public data or privatized.
 - Personalized operators (EMR, TALL masks, DTS) store a shared tensor and, per task, light parts from which
   `personal_vector` rebuilds that task's own vector at evaluation.
 - Any operator that is not defined on task vectors only can merge difference vectors tau_t - mean(tau)
@@ -374,7 +374,7 @@ def regmean(task_vectors: list[TaskVector], grams: list[dict], **hyperparameters
     model on its own inputs, in closed form from the Gram matrices of those inputs; other tensors averaged.
 
     Args:
-        grams: per task, {weight name: mean input Gram (in x in)} (merge.statistics.gram_statistics).
+        grams: per task, {weight name: mean input Gram (in x in)} (privacy.statistics.gram_statistics).
         reduce_non_diagonal_ratio: alpha scaling the Grams' off-diagonal entries (FusionBench: 0.95 for CLIP
             vision models, 0.1 in its generic/language configuration).
     """
@@ -387,7 +387,7 @@ def fisher(task_vectors: list[TaskVector], fishers: list[dict], **hyperparameter
     the fine-tuned weights, minus w0).
 
     Args:
-        fishers: per task, {parameter name: diagonal Fisher} (merge.statistics.fisher_statistics).
+        fishers: per task, {parameter name: diagonal Fisher} (privacy.statistics.fisher_statistics).
         normalize_fisher_weight: divide each task's Fisher by its global L2 norm first (FusionBench default).
         minimal_fisher_weight: m, added to every weight so coordinates no task informs are averaged.
         normalization: where m enters when normalising. "ours": F_t / ||F_t|| + m (the floor is the same for

@@ -5,7 +5,7 @@ names, shapes and dtypes) and hands out one tensor of one task at a time, so a s
 models. `InMemorySource` wraps dicts, `SafetensorsSource` reads files lazily, `DifferenceSource` turns any
 source into difference vectors d_t = tau_t - mean_j tau_j (the "difference vector" of Guo et al., "Stay Unique,
 Stay Efficient: Preserving Model Personality in Multi-Task Merging", arXiv 2512.01461). A `StatisticsSource`
-holds the per-task data statistics RegMean and Fisher merging read (merge/statistics.py computes them).
+holds the per-task data statistics RegMean and Fisher merging read (privacy/statistics.py computes them).
 Every tensor read is checked finite, and the sources' structures are checked equal, with errors naming the
 file and the tensor.
 """

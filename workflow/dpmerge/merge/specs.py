@@ -44,7 +44,7 @@ class OperatorSpec:
     citation: str  # authors, venue, and which variant is implemented
     title: str  # the paper's title
     arxiv: str  # the paper's arXiv id
-    # Kind of per-task data statistic it reads (merge.statistics.KINDS), None for a data-free operator.
+    # Kind of per-task data statistic it reads (privacy.statistics.KINDS), None for a data-free operator.
     statistic: str | None = None
     task_vectors_only: bool = False  # its reconstruction is defined on task vectors, not difference vectors
     personalized: bool = False  # one model per task: a shared tensor plus light per-task parts
@@ -164,7 +164,7 @@ _SPECS = (
 # By name, in the order the schema, the config check and `dpmerge merge --help` list them.
 SPECS: dict[str, OperatorSpec] = {spec.name: spec for spec in _SPECS}
 
-# Operators that read per-task data statistics, and which kind (merge.statistics.KINDS).
+# Operators that read per-task data statistics, and which kind (privacy.statistics.KINDS).
 NEEDS_STATISTICS: dict[str, str] = {spec.name: spec.statistic for spec in _SPECS if spec.statistic is not None}
 
 # What a merge may read: task vectors tau_t, or difference vectors tau_t - mean(tau) (merge_stream's `vectors`).

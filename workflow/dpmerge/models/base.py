@@ -117,7 +117,7 @@ class Backbone:
         return dict(released)
 
     def release_statistics(self, kind: str, statistics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Merge statistics (merge/statistics.py) computed on `network` layers -> released names."""
+        """Merge statistics (privacy/statistics.py) computed on `network` layers -> released names."""
         return self.release_state(statistics)
 
     def network_trainable_names(self) -> list[str]:

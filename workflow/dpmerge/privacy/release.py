@@ -2,7 +2,7 @@
 (epsilon, delta) a merged model is released at, and which data may serve as public data for merge statistics.
 
 Fine-tuning's own accounting lives in privacy/accounting.py and training/; a private statistic's composition
-with its task's fine-tuning in merge/statistics.py (`private_sample`, which records `total_epsilon`). This
+with its task's fine-tuning in privacy/statistics.py (`private_sample`, which records `total_epsilon`). This
 module turns those records into the decisions the merge and statistics stages make.
 """
 
@@ -51,7 +51,7 @@ def merged_release_budget(records: list[dict], statistics: dict | None = None) -
     disjoint from the others': by parallel composition the merge is (max eps_t, max delta_t)-DP. Epsilon is
     returned as recorded (a number, or "inf" for the non-private reference), chosen by its float value.
 
-    Private statistics touch each task's training data a second time; merge/statistics.py composes that with
+    Private statistics touch each task's training data a second time; privacy/statistics.py composes that with
     the task's fine-tuning at the task's own delta and records the total, so the merge is released at the
     largest per-task total (parallel composition again across tasks), delta unchanged. Public statistics come
     from data outside every private training set and cost nothing.

@@ -275,10 +275,10 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
     (a fixed subset of `public_data`, free) or "private" (a keyed Poisson sample of the task's own training
     data, clipped to `clip_norm` and noised for `epsilon`, composed with the task's fine-tuning budget)."""
     from dpmerge.artifacts import file_tensors_sha256, load_prepared, load_tensors, save_tensors
-    from dpmerge.merge.statistics import fisher_statistics, gram_statistics, private_sample
     from dpmerge.models.base import task_model_weights
     from dpmerge.models.spec import backbone_from_spec
     from dpmerge.privacy.release import check_public_dataset
+    from dpmerge.privacy.statistics import fisher_statistics, gram_statistics, private_sample
     from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
 
     network = backbone_from_spec(backbone_spec)
@@ -313,7 +313,7 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
             record.update(public_dataset=public["task"], examples=int(len(chosen)))
         else:
             # Private data: a secret Poisson sample, each example's whole contribution clipped to C, Gaussian
-            # noise, a mean over the expected count; accounted and composed (merge_statistics.private_sample).
+            # noise, a mean over the expected count; accounted and composed (privacy/statistics.py private_sample).
             drawn = private_sample(kind, meta, record["task_vector_sha256"], len(prepared["train_labels"]),
                                    examples, clip_norm, epsilon, key)
             features = tuple(f[drawn.indices] for f in prepared["train_features"])

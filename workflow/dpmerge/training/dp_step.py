@@ -11,7 +11,7 @@ previous step's privatized gradient, so each step makes one query instead of two
     eps_t = rho * g~_{t-1} / ||g~_{t-1}||   (0 at the first step)                previous_step_query
     g~_t  = g~(w_t + eps_t), one query; w <- AdamW(w, g~_t [+ 2*lambda*(w - w0)])
 
-Poisson sampling of the batch: poisson_batch. The methods are one-line step functions (`STEPS`, called through
+The Poisson batch and the clipping factor are privacy/gaussian_mechanism.py's. The methods are one-line step functions (`STEPS`, called through
 method_update): nonprivate (plain gradient), naive_dp (Eq. 4), dp_merging (Eq. 4-7), dp_sam (w/o alignment:
 lambda = 0), dp_anchor (w/o flatness: anchor on one query per step), dp_sat and dp_sat_anchor (DPSAT without
 and with the anchor). A step function receives the run's `memory` (a dict the loop keeps and checkpoints), where
@@ -94,12 +94,6 @@ def perturbed(params: list[torch.Tensor], direction: list[torch.Tensor], scale: 
         with torch.no_grad():
             for p, original in zip(params, originals):
                 p.data = original
-
-
-def poisson_batch(num_examples: int, sample_rate: float, sampler) -> torch.Tensor:
-    """Indices of a Poisson-sampled batch: each example independently with probability q (size varies).
-    `sampler` is a secret stream (privacy/randomness.py): amplification by subsampling needs the batch to be secret."""
-    return torch.nonzero(sampler.uniform(num_examples).cpu() < sample_rate).flatten()
 
 
 def add_anchor(update, params, anchors, anchor_lambda: float, *, in_place: bool = True):

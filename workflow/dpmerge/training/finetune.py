@@ -32,11 +32,12 @@ from dpmerge.privacy.accounting import (
     effective_noise_multiplier,
     spent_epsilon_of_steps,
 )
+from dpmerge.privacy.gaussian_mechanism import poisson_batch
 from dpmerge.privacy.randomness import RNG_MODES, MechanismRandomness
 from dpmerge.privacy.study_key import mechanism_fingerprint
 from dpmerge.runtime import compute_line
 from dpmerge.training.canaries import DiracCanaries, InputCanaries
-from dpmerge.training.dp_step import adamw, method_update, poisson_batch, privatized_gradient
+from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
 from dpmerge.training.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.training.persample import STRATEGIES, make_clipper
 

@@ -30,13 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpmerge.models.losses import at_least_float32, task_loss
+from dpmerge.privacy.gaussian_mechanism import clip_factors
 
 STRATEGIES = ("functorch", "hooks", "bookkeeping")
-
-
-def clip_factors(squared_norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """c_i = 1 / max(1, ||g_i|| / C): the factor that clips example i's whole gradient to norm at most C."""
-    return 1.0 / torch.clamp(squared_norms.clamp(min=0).sqrt() / clip_norm, min=1.0)
 
 
 def _sums_into(params, into: list[torch.Tensor] | None) -> list[torch.Tensor]:

@@ -31,12 +31,10 @@ from dpmerge.privacy.accounting import (
     composed_epsilon,
     record_mechanisms,
 )
+from dpmerge.privacy.gaussian_mechanism import clip_factors, poisson_batch
 from dpmerge.privacy.randomness import MechanismRandomness
-from dpmerge.training.dp_step import poisson_batch
-from dpmerge.training.persample import clip_factors
 
 KINDS = ("gram", "fisher")
-SOURCES = ("public", "private")
 
 
 def statistic_identity(kind: str, release: dict, vector_sha256: str, settings: dict) -> dict:
