@@ -49,13 +49,13 @@ import torch.nn.functional as F
 
 from dpmerge import runtime
 from dpmerge.cli_arguments import DescribedDefaultsShown
+from dpmerge.methods import METHODS
 from dpmerge.models.base import Backbone, TaskModel
 from dpmerge.models.reference_shapes import roberta_base_shaped, vit_b32_shaped
 from dpmerge.models.registry import load_backbone
 from dpmerge.privacy.gaussian_mechanism import clip_factors
 from dpmerge.privacy.randomness import GeneratorStream, MechanismRandomness
 from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
-from dpmerge.training.methods import METHODS
 from dpmerge.training.persample import make_clipper
 from paired_ratio import describe  # bench/, beside this script
 
@@ -217,8 +217,8 @@ def main() -> None:
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
                     start = time.perf_counter()
-                    update = method_update(METHODS[method], query, params, anchors, features, labels, 0.05, 0.05,
-                                           memories[label])
+                    update = method_update(METHODS[method], query, params, anchors, features, labels, memories[label],
+                                           rho=0.05, anchor_lambda=0.05)
                     for p, u in zip(params, update):
                         p.grad = u
                     step_optimizer.step()

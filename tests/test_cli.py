@@ -165,7 +165,7 @@ def test_finetune_refuses_a_sweep_label_its_settings_contradict(tmp_path, label,
 
 
 def test_sweep_labels_round_trip():
-    from dpmerge.training.methods import parse_label, sweep_label
+    from dpmerge.methods import parse_label, sweep_label
 
     assert parse_label("naive_dp") == ("naive_dp", {})
     assert parse_label(sweep_label("dp_merging", "rho", 0.1)) == ("dp_merging", {"rho": 0.1})

@@ -13,7 +13,7 @@ from snakemake.cli import parse_config
 from snakemake.utils import update_config
 
 from dpmerge.config_check import ConfigError, check_config, coerce_config
-from dpmerge.training.methods import METHODS
+from dpmerge.methods import METHODS
 from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
 
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from conftest import ToyBackbone, keyed
 from dpmerge.artifacts import file_tensors_sha256, read_metadata, tensors_sha256
+from dpmerge.methods import METHODS
 from dpmerge.models.base import TaskModel
 from dpmerge.models.registry import load_backbone
 from dpmerge.privacy.gaussian_mechanism import poisson_batch
@@ -25,7 +26,6 @@ from dpmerge.training.dp_step import (
     sam_scale,
 )
 from dpmerge.training.finetune import FinetuneConfig, finetune
-from dpmerge.training.methods import METHODS
 from dpmerge.training.persample import STRATEGIES, make_clipper
 
 
@@ -115,7 +115,7 @@ def test_dp_merging_update_without_noise_equals_hand_computed_sam_plus_anchor(to
     def noiseless_query(f, y):
         return [s / batch for s in clipped_gradient_sum(per_sample, f, y, clip)]
 
-    update = method_update(METHODS["dp_merging"], noiseless_query, params, anchors, features, labels, rho, lam)
+    update = method_update(METHODS["dp_merging"], noiseless_query, params, anchors, features, labels, rho=rho, anchor_lambda=lam)
 
     # by hand: g at w; eps = rho g/||g||; h at w + eps on the same batch; h + 2 lam (w - w0)
     before = [p.detach().clone() for p in params]
@@ -152,7 +152,7 @@ def test_anchor_is_added_after_privatization_not_to_the_loss(toy_backbone, toy_d
         return privatized_gradient(per_sample, f, y, clip_norm=1e-9, noise_multiplier=0.0,
                                    expected_batch_size=16, noise=GeneratorStream(torch.Generator()))
 
-    update = method_update(METHODS["dp_anchor"], query, params, anchors, tuple(f[:16] for f in features), labels[:16], 0.0, lam)
+    update = method_update(METHODS["dp_anchor"], query, params, anchors, tuple(f[:16] for f in features), labels[:16], rho=0.0, anchor_lambda=lam)
     for u in update:
         assert torch.allclose(u, torch.full_like(u, -2 * lam), atol=1e-6)  # 2 lam (w - w0) with w0 = w + 1
 
@@ -214,9 +214,9 @@ def test_each_step_function_makes_as_many_queries_as_the_accountant_charges(name
         return [torch.ones_like(p) for p in params]
 
     before = [p.detach().clone() for p in params]
-    update = method_update(METHODS[name], query, params, [p.detach() - 1 for p in params], features, labels, 0.05, 0.5)
+    update = method_update(METHODS[name], query, params, [p.detach() - 1 for p in params], features, labels, rho=0.05, anchor_lambda=0.5)
     assert calls == [labels.numel()] * METHODS[name].queries_per_step  # same batch every time
-    anchored = METHODS[name].anchored
+    anchored = METHODS[name].anchor
     assert all(torch.allclose(u, torch.full_like(u, 2.0 if anchored else 1.0)) for u in update)
     assert all(torch.equal(p.detach(), b) for p, b in zip(params, before))
 
@@ -263,7 +263,7 @@ def test_finetune_is_deterministic_given_the_key_and_identity(toy_backbone, toy_
 
 
 def test_unknown_method_lists_the_known_ones():
-    with pytest.raises(ValueError, match="known methods: nonprivate, naive_dp, dp_merging, dp_sam, dp_anchor"):
+    with pytest.raises(ValueError, match="known methods: nonprivate, naive_dp, dp_sam, dp_anchor, dp_merging"):
         FinetuneConfig(method="dpsgd", target_epsilon=1.0)
 
 
@@ -289,7 +289,7 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
                  checkpoint_every=3)
     assert checkpoint.exists() and checkpoint.stat().st_mode & 0o077 == 0  # private: it holds the generators
     memory = torch.load(checkpoint, weights_only=True)["memory"]
-    if METHODS[method].ascent_from_previous_step:
+    if METHODS[method].one_query:
         assert len(memory["previous_gradient"]) == len(reference.task_vector) + len(reference.head)
     messages = []
     resumed = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint,
@@ -376,7 +376,7 @@ def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(
     honest = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert honest.record["steps_by_queries"] == {"1": 8}
 
-    def leaky_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+    def leaky_step(query, params, anchors, features, labels, memory):
         query(features, labels)  # a second look at the batch, e.g. a forgotten diagnostic
         return query(features, labels)
 

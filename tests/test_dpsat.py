@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import keyed
+from dpmerge.methods import METHODS
 from dpmerge.models.base import TaskModel
 from dpmerge.privacy.randomness import GeneratorStream
 from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
 from dpmerge.training.finetune import FinetuneConfig, finetune
-from dpmerge.training.methods import METHODS
 from dpmerge.training.persample import make_clipper
 from test_dp import brute_force_clipped_sum
 
@@ -32,7 +32,7 @@ def test_two_dpsat_steps_match_hand_computation_with_the_noise_in_the_ascent(toy
     anchors = [p.detach().clone() - 0.1 for p in params]
     anchors[-1] = None  # the head has no pretrained value
     clip, sigma, batch, rho, lam = 0.3, 0.8, 10.0, 0.05, 0.5
-    anchor_lambda = lam if METHODS[method].anchored else 0.0
+    anchor_lambda = lam if METHODS[method].anchor else 0.0
     noise = GeneratorStream(torch.Generator().manual_seed(7))
     replayed = GeneratorStream(torch.Generator().manual_seed(7))  # the same draws, for the hand computation
     queries = []
@@ -52,7 +52,7 @@ def test_two_dpsat_steps_match_hand_computation_with_the_noise_in_the_ascent(toy
     memory = {}
     # step 1: nothing to ascend along yet, so the query is at w
     w1 = [p.detach().clone() for p in params]
-    update1 = method_update(METHODS[method], query, params, anchors, *batches[0], rho, lam, memory)
+    update1 = method_update(METHODS[method], query, params, anchors, *batches[0], memory, rho=rho, anchor_lambda=lam)
     g1 = by_hand(*batches[0])
     for u, e in zip(update1, anchored(g1, w1)):
         assert torch.allclose(u, e, atol=1e-6)
@@ -63,7 +63,7 @@ def test_two_dpsat_steps_match_hand_computation_with_the_noise_in_the_ascent(toy
         for p, u in zip(params, update1):
             p.sub_(0.05 * u)
     w2 = [p.detach().clone() for p in params]
-    update2 = method_update(METHODS[method], query, params, anchors, *batches[1], rho, lam, memory)
+    update2 = method_update(METHODS[method], query, params, anchors, *batches[1], memory, rho=rho, anchor_lambda=lam)
     # step 2 by hand: eps = rho g1/||g1|| from step 1's noisy gradient, one query at w + eps on this step's batch
     with torch.no_grad():
         for p, g in zip(params, g1):
@@ -122,12 +122,12 @@ def test_the_remembered_gradient_survives_the_optimizer_step_it_feeds(toy_backbo
     memory = {}
     for step in range(3):
         batch = (tuple(f[10 * step:10 * step + 10] for f in features), labels[10 * step:10 * step + 10])
-        update = method_update(METHODS[method], query, params, anchors, *batch, 0.05, 0.5, memory)
+        update = method_update(METHODS[method], query, params, anchors, *batch, memory, rho=0.05, anchor_lambda=0.5)
         remembered = [g.clone() for g in memory["previous_gradient"]]
         for p, u in zip(params, update):
             p.grad = u
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         assert all(torch.equal(g, r) for g, r in zip(memory["previous_gradient"], remembered))
-    if METHODS[method].anchored:  # the anchor went on a copy: update and remembered gradient differ
+    if METHODS[method].anchor:  # the anchor went on a copy: update and remembered gradient differ
         assert not all(torch.equal(u, g) for u, g in zip(update, memory["previous_gradient"]))

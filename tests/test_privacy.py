@@ -118,7 +118,7 @@ def test_replace_one_is_calibrated_exactly_between_add_remove_and_doubling():
 
 def release(task, epsilon=4.0, method="dp_merging", rho=0.05, seed=0, backbone="b", **overrides):
     """A release's privacy record as finetune() writes it, calibrated for real (q = 0.05, 40 steps)."""
-    from dpmerge.training.methods import METHODS
+    from dpmerge.methods import METHODS
 
     queries = METHODS[method].queries_per_step
     q, steps, delta = 0.05, 40, 1e-3

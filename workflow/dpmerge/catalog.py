@@ -11,6 +11,14 @@ from dpmerge.data.registry import TASKS  # noqa: F401 - every task, embedded and
 from dpmerge.epsilon import NONPRIVATE_LABEL, eps_label, epsilon_of_label, epsilon_value  # noqa: F401
 from dpmerge.merge.specs import NEEDS_STATISTICS  # noqa: F401 - merge operators
 from dpmerge.merge.specs import SPECS as OPERATOR_SPECS  # noqa: F401
+from dpmerge.methods import (  # noqa: F401 - fine-tuning methods
+    BASELINE,
+    METHODS,
+    PROPOSED,
+    SWEPT_PARAMETERS,
+    parse_label,
+    sweep_label,
+)
 from dpmerge.models.registry import BACKBONES  # noqa: F401 - the catalog's backbone kinds
 from dpmerge.report.captions import (  # noqa: F401 - the tables' captions and the figures' titles
     ablation_table_caption,
@@ -23,4 +31,3 @@ from dpmerge.report.captions import (  # noqa: F401 - the tables' captions and t
     sensitivity_table_caption,
     sharpness_drift_figure_title,
 )
-from dpmerge.training.methods import METHODS, SWEPT_PARAMETERS, parse_label, sweep_label  # noqa: F401

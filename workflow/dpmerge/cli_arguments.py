@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 
 from dpmerge.cli_help import command_listing, example_epilog
+from dpmerge.methods import METHODS
+
+METHOD_NAMES = ", ".join(METHODS)
 
 STUDY_KEY_HELP = ("the study's secret key file (created with mode 0600 if missing; the workflow keeps it at "
                   "<results>/private/study.key): it keys every random draw, so keep it private and back it up")
@@ -140,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
     p.add_argument("--method", required=True,
-                   help="nonprivate, naive_dp, dp_merging, dp_sam, dp_anchor, dp_sat or dp_sat_anchor; a sensitivity run's label such as "
-                        "dp_merging-rho0.1 or dp_merging-lambda0.5 must match the value in --hparams")
+                   help=f"one of {METHOD_NAMES}; a sensitivity run's label such as dp_merging-rho0.1 or "
+                        "dp_merging-lambda0.5 must match the value in --hparams")
     p.add_argument("--epsilon", type=float, default=None,
                    help="target epsilon (delta = 1/N unless --hparams gives delta <= 1/N); required by every private "
                         "method, omitted for nonprivate")
@@ -166,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
     p.add_argument("--backbone-spec", required=True, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
-    p.add_argument("--method", required=True, help="nonprivate, naive_dp, dp_merging, dp_sam, dp_anchor, dp_sat or dp_sat_anchor")
+    p.add_argument("--method", required=True, help=f"one of {METHOD_NAMES}")
     p.add_argument("--epsilon", type=float, default=None,
                    help="target epsilon of the audited mechanism, as for finetune; omitted for nonprivate")
     p.add_argument("--seed", type=int, default=0, help="repetition index of the audit run")

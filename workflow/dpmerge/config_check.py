@@ -19,8 +19,8 @@ from dpmerge.epsilon import eps_label
 from dpmerge.merge.checks import check_hyperparameters
 from dpmerge.merge.specs import NEEDS_STATISTICS
 from dpmerge.merge.specs import SPECS as OPERATORS
+from dpmerge.methods import METHODS, SWEPT_PARAMETERS
 from dpmerge.models.registry import BACKBONES
-from dpmerge.training.methods import METHODS, SWEPT_PARAMETERS
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas/config.schema.yaml"
 MERGE_META_KEYS = ("operator", "vectors", "statistics")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpmerge.report.labels import AVERAGE, AVERAGE_GAIN, METHOD_LABELS, PRIVATE_MERGED_METHODS
+from dpmerge.methods import ABLATIONS, METHODS, PRIVATE_MERGED_METHODS
+from dpmerge.report.labels import AVERAGE, AVERAGE_GAIN, METHOD_LABELS
 from dpmerge.report.tables import INTERVAL_NOTE, PRETRAINED_ROW, signed_cell
 
 COMPARED = (("dp_merging", "DP-Merging − DP"), ("dp_sam", "w/o alignment − DP (DP-SAM, no anchor)"),
@@ -20,6 +21,8 @@ COMPARED = (("dp_merging", "DP-Merging − DP"), ("dp_sam", "w/o alignment − D
 # that no study filled would read as a result missing
 OPTIONAL = COMPARED[1:] + (("dp_sat", "DPSAT − DP (one query)"),
                            ("dp_sat_anchor", "DPSAT + anchor − DP (one query)"))
+# any other ablation in methods.py gets a column under its label
+OPTIONAL += tuple((m, f"{METHODS[m].label} − DP") for m in ABLATIONS if m not in dict(OPTIONAL))
 
 
 def compared_methods(tables: dict[str, pd.DataFrame]) -> tuple[tuple[str, str], ...]:

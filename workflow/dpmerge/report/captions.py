@@ -8,6 +8,7 @@ these values and calls them while Snakemake plans the jobs.
 
 from __future__ import annotations
 
+from dpmerge.methods import METHODS
 from dpmerge.report.labels import operator_label
 
 
@@ -44,7 +45,7 @@ def ablation_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds:
     them)."""
     dpsat = ""
     if one_query:
-        rows = " and ".join({"dp_sat": "DPSAT", "dp_sat_anchor": "DPSAT + anchor"}[m] for m in one_query)
+        rows = " and ".join(METHODS[m].label.removesuffix(" (one query)") for m in one_query)
         dpsat = (f"; {rows}: the SAM ascent along the previous step's privatized gradient, one query per step "
                  f"(Park et al., ICML 2023), so less noise than DP-SAM's two at the same epsilon")
     return (f"Ablation of DP-Merging with {kind} ({backbone}), epsilon = "

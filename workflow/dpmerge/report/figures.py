@@ -10,6 +10,7 @@ import pandas as pd
 
 from dpmerge.artifacts import atomic_write
 from dpmerge.epsilon import epsilon_value
+from dpmerge.methods import FIGURE_ORDER
 from dpmerge.report.labels import METHOD_LABELS, operator_label
 
 # One look per method in every figure, told apart in greyscale by line style and marker: (line, marker, grey)
@@ -23,7 +24,7 @@ METHOD_STYLES = {
     "dp_sat_anchor": ((0, (4, 2, 1, 2)), ">", "0.1"),
 }
 _OTHER_STYLES = [((0, (1, 2)), "P", "0.35"), ((0, (8, 2)), "X", "0.5"), ((0, (3, 3)), "*", "0.15")]
-METHOD_ORDER = ("nonprivate", "naive_dp", "dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor", "dp_merging")
+METHOD_ORDER = FIGURE_ORDER
 
 
 def save_figure(fig, out: str | Path) -> None:

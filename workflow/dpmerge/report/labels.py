@@ -2,31 +2,11 @@
 
 from __future__ import annotations
 
-METHOD_LABELS = {
-    "nonprivate": "Non-private",
-    "naive_dp": "DP",
-    "dp_merging": "DP-Merging",
-    "dp_sam": "DP-Merging w/o alignment",
-    "dp_anchor": "DP-Merging w/o flatness",
-    "dp_sat": "DPSAT (one query)",
-    "dp_sat_anchor": "DPSAT + anchor (one query)",
-    "pretrained_head": "Pretrained",
-}
-# Methods shown beside DP-Merging against DP (Table 1's extra rows): the paper's ablations and DPSAT's one-query
-# flatness without and with the anchor, when configured
-ABLATIONS = ("dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor")
-# The private methods whose task vectors are merged (pretrained_head's are zero and never merged)
-PRIVATE_MERGED_METHODS = ("naive_dp", "dp_merging", "dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor")
+from dpmerge.methods import METHODS
+
+METHOD_LABELS = {name: method.label for name, method in METHODS.items()}
 # Table 5's rows: (method, label); dp_sam keeps SAM and drops the anchor, dp_anchor the reverse
-ABLATION_ROWS = (
-    ("naive_dp", "DP"),
-    ("dp_sam", "w/o Alignment"),
-    ("dp_anchor", "w/o Flatness"),
-    ("dp_merging", "DP-Merging (full)"),
-    # DPSAT's one-query flatness (Park et al., ICML 2023), when configured: flatness without DP-SAM's sqrt(2) noise
-    ("dp_sat", "DPSAT (one query)"),
-    ("dp_sat_anchor", "DPSAT + anchor (one query)"),
-)
+ABLATION_ROWS = tuple((name, method.ablation_row) for name, method in METHODS.items() if method.ablation_row)
 SENSITIVITY_SYMBOLS = {"rho": "ρ", "anchor_lambda": "λ"}
 OPERATOR_LABELS = {
     "weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES", "dare": "DARE",

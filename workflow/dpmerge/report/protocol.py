@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpmerge.report.labels import AVERAGE, METHOD_LABELS, PRIVATE_MERGED_METHODS
+from dpmerge.methods import PRIVATE_MERGED_METHODS
+from dpmerge.report.labels import AVERAGE, METHOD_LABELS
 
 PRIVATE_METHODS = PRIVATE_MERGED_METHODS  # the candidates are judged on the methods that are merged later
 SETTINGS = ("trainable_blocks", "lr", "epochs", "batch_size")

@@ -25,9 +25,9 @@ import pandas as pd
 
 from dpmerge.artifacts import atomic_write
 from dpmerge.epsilon import epsilon_value
+from dpmerge.methods import ABLATIONS, BASELINE, PROPOSED
 from dpmerge.report.labels import (
     ABLATION_ROWS,
-    ABLATIONS,
     AVERAGE,
     AVERAGE_GAIN,
     METHOD_LABELS,
@@ -169,7 +169,7 @@ def _one_setting(rows: pd.DataFrame, what: str) -> None:
 PRETRAINED_ROW = "Pretrained (w0, a head per task)"
 
 
-def table1(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp_merging",
+def table1(scores: pd.DataFrame, baseline: str = BASELINE, proposed: str = PROPOSED,
            metric_in_header: bool = False) -> PaperTable:
     """Table 1 (and the GLUE Tables 3/11): rows = row labels, columns = tasks + 'Avg.'.
 
@@ -249,8 +249,8 @@ def _with_metric_headers(table: PaperTable, scores: pd.DataFrame) -> PaperTable:
     return table.renamed(names)
 
 
-def table_epsilon_sweep(scores: pd.DataFrame, operator: str = "ties", baseline: str = "naive_dp",
-                        proposed: str = "dp_merging") -> PaperTable:
+def table_epsilon_sweep(scores: pd.DataFrame, operator: str = "ties", baseline: str = BASELINE,
+                        proposed: str = PROPOSED) -> PaperTable:
     """Table 4: rows = finite privacy budgets ('ε = 1', ascending); per backbone the columns '<backbone> DP',
     '<backbone> DP-Merging' and '<backbone> improvement', each the average over that backbone's tasks of the
     operator's merged scores (improvement paired per seed)."""
@@ -362,7 +362,7 @@ def table_sensitivity(scores: pd.DataFrame, parameter: str, operator: str = "tie
     return _summarise(rows, tasks + [AVERAGE], stub="Setting")
 
 
-def table_operators(scores: pd.DataFrame, baseline: str = "naive_dp", proposed: str = "dp_merging") -> PaperTable:
+def table_operators(scores: pd.DataFrame, baseline: str = BASELINE, proposed: str = PROPOSED) -> PaperTable:
     """Table 8: rows = merge operators run for both methods; columns 'DP', 'DP-Merging' and 'Improvement'
     (average over tasks; improvement paired per seed)."""
     _require_columns(scores, {"model", "method", "task", "score"}, "Table 8")

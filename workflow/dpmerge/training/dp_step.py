@@ -28,7 +28,7 @@ import contextlib
 
 import torch
 
-from dpmerge.training.methods import Method
+from dpmerge.methods import Method
 
 
 def clipped_gradient_sum(clipper, features: tuple[torch.Tensor, ...], labels: torch.Tensor, clip_norm: float,
@@ -142,38 +142,39 @@ def previous_step_query(query, params, features, labels, rho: float, memory: dic
     return gradient
 
 
-# One function per value of the `method` wildcard: the direction handed to AdamW for one step. `query(features,
+# One function per method of dpmerge/methods.py: the direction handed to AdamW for one step. `query(features,
 # labels)` is the gradient oracle: Eq. (4)'s privatized gradient for private methods (each call one accounted
-# query; METHODS[...].queries_per_step must match, tested), the plain mini-batch gradient for `nonprivate`.
-# `memory` persists across the run's steps (and its checkpoints).
+# query; the method's queries_per_step must match, tested), the plain mini-batch gradient for `nonprivate`.
+# `memory` persists across the run's steps (and its checkpoints). The keyword arguments are exactly the method's
+# `hyperparameters` (tested), passed by name.
 
 
-def nonprivate_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+def nonprivate_step(query, params, anchors, features, labels, memory):
     return query(features, labels)
 
 
-def naive_dp_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+def naive_dp_step(query, params, anchors, features, labels, memory):
     return query(features, labels)  # Eq. (4), then AdamW
 
 
-def dp_merging_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+def dp_merging_step(query, params, anchors, features, labels, memory, *, rho, anchor_lambda):
     h = sharpness_aware_query(query, params, features, labels, rho)  # Eq. (4)-(6)
     return add_anchor(h, params, anchors, anchor_lambda)  # Eq. (7)
 
 
-def dp_sam_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+def dp_sam_step(query, params, anchors, features, labels, memory, *, rho):
     return sharpness_aware_query(query, params, features, labels, rho)  # w/o alignment (lambda = 0)
 
 
-def dp_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+def dp_anchor_step(query, params, anchors, features, labels, memory, *, anchor_lambda):
     return add_anchor(query(features, labels), params, anchors, anchor_lambda)  # w/o flatness (rho = 0)
 
 
-def dp_sat_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+def dp_sat_step(query, params, anchors, features, labels, memory, *, rho):
     return previous_step_query(query, params, features, labels, rho, memory)  # DPSAT
 
 
-def dp_sat_anchor_step(query, params, anchors, features, labels, rho, anchor_lambda, memory):
+def dp_sat_anchor_step(query, params, anchors, features, labels, memory, *, rho, anchor_lambda):
     g = previous_step_query(query, params, features, labels, rho, memory)
     return add_anchor(g, params, anchors, anchor_lambda, in_place=False)  # DPSAT + Eq. (7)'s anchor; g stays g~
 
@@ -181,9 +182,9 @@ def dp_sat_anchor_step(query, params, anchors, features, labels, rho, anchor_lam
 STEPS = {
     "nonprivate": nonprivate_step,
     "naive_dp": naive_dp_step,
-    "dp_merging": dp_merging_step,
     "dp_sam": dp_sam_step,
     "dp_anchor": dp_anchor_step,
+    "dp_merging": dp_merging_step,
     "dp_sat": dp_sat_step,
     "dp_sat_anchor": dp_sat_anchor_step,
     "pretrained_head": naive_dp_step,  # Eq. (4) on the head's parameters alone
@@ -201,12 +202,13 @@ def adamw(params: list[torch.Tensor], *, lr: float, weight_decay: float = 1e-2,
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
 
 
-def method_update(method: Method, query, params, anchors, features, labels, rho: float, anchor_lambda: float,
-                  memory: dict | None = None):
-    """The direction handed to AdamW for one step of `method` (dispatches to its step function). `memory`: the
-    run's state across steps (None: a fresh one, i.e. a first step)."""
-    return STEPS[method.name](query, params, anchors, features, labels, rho, anchor_lambda,
-                              {} if memory is None else memory)
-
-
-# ------------------------------------------------------------------------------------------------ training
+def method_update(method: Method, query, params, anchors, features, labels, memory: dict | None = None,
+                  **settings):
+    """The direction handed to AdamW for one step of `method` (dispatches to its step function with the
+    method's hyperparameters taken by name from `settings`, e.g. rho=..., anchor_lambda=...; others are ignored).
+    `memory`: the run's state across steps (None: a fresh one, i.e. a first step)."""
+    missing = [name for name in method.hyperparameters if name not in settings]
+    if missing:
+        raise TypeError(f"method {method.name} needs {', '.join(missing)}")
+    return STEPS[method.name](query, params, anchors, features, labels, {} if memory is None else memory,
+                              **{name: settings[name] for name in method.hyperparameters})

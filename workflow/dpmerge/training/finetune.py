@@ -23,6 +23,7 @@ import torch
 
 from dpmerge.artifacts import atomic_write, tensors_sha256
 from dpmerge.epsilon import NONPRIVATE_RECORDED
+from dpmerge.methods import METHODS
 from dpmerge.models.base import Backbone, TaskModel
 from dpmerge.models.losses import task_loss
 from dpmerge.privacy.accounting import (
@@ -38,7 +39,6 @@ from dpmerge.privacy.study_key import mechanism_fingerprint
 from dpmerge.runtime import compute_line
 from dpmerge.training.canaries import DiracCanaries, InputCanaries
 from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
-from dpmerge.training.methods import METHODS, Method  # noqa: F401 - re-exported
 from dpmerge.training.persample import STRATEGIES, make_clipper
 
 # Opacus's backward hooks fire on the first trainable module, whose input (cached trunk features) never
@@ -98,10 +98,6 @@ class FinetuneConfig:
             value = getattr(self, field_name)
             if not value > 0:
                 raise ValueError(f"finetune.{field_name} must be positive, got {value!r}")
-
-
-# ---------------------------------------------------------------------------------------------- DP primitives
-
 
 
 def _save_checkpoint(path: Path, fingerprint: dict, step: int, steps_by_queries: dict, params, optimizer, sampler,
@@ -366,6 +362,7 @@ def finetune(
 
     try:
         query = private_query if method.private else nonprivate_gradient
+        hyperparameters = {name: getattr(config, name) for name in method.hyperparameters}
         losses: list[float] = []
         started = time.time()
         loop_started = time.perf_counter()
@@ -376,8 +373,7 @@ def finetune(
             features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
             labels = train_labels[batch].to(device)
             queries_this_step = 0
-            update = method_update(method, query, params, anchors, features, labels, config.rho, config.anchor_lambda,
-                                   memory)
+            update = method_update(method, query, params, anchors, features, labels, memory, **hyperparameters)
             steps_by_queries[queries_this_step] += 1
             for p, u in zip(params, update):
                 p.grad = u
@@ -442,8 +438,8 @@ def finetune(
         "neighbouring": config.neighbouring,
         "randomness": config.rng,
         "seed": config.seed,
-        "rho": config.rho if method.sharpness_aware else 0.0,
-        "anchor_lambda": config.anchor_lambda if method.anchored else 0.0,
+        "rho": config.rho if method.flatness else 0.0,
+        "anchor_lambda": config.anchor_lambda if method.anchor else 0.0,
         "pretrained_sha256": backbone.checkpoint_sha256,
         # The checkpoint's hash says which file the weights came from; this one says what w0 holds, so a merge
         # can check its base is the w0 this vector is a difference from (stages/merge.py checked_base).

@@ -1,0 +1,90 @@
+"""The fine-tuning methods are stated once (dpmerge/methods.py); everything that lists them is held to that table
+here: the step functions and the hyperparameters they take by name, the config schema's enums and descriptions,
+the CLI's help, the report's labels and orders."""
+
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpmerge.methods import (
+    ABLATIONS,
+    BASELINE,
+    FIGURE_ORDER,
+    METHODS,
+    PRIVATE_MERGED_METHODS,
+    PROPOSED,
+    Method,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+PROPERTIES = SCHEMA["properties"]
+
+
+def keyword_parameters(function) -> tuple[str, ...]:
+    return tuple(name for name, p in inspect.signature(function).parameters.items() if p.kind is p.KEYWORD_ONLY)
+
+
+def test_every_method_has_one_step_function_taking_exactly_its_hyperparameters_by_name():
+    from dpmerge.training.dp_step import STEPS
+
+    assert list(STEPS) == list(METHODS)
+    for name, method in METHODS.items():
+        assert keyword_parameters(STEPS[name]) == method.hyperparameters, name
+
+
+def test_method_update_refuses_a_step_without_its_hyperparameters():
+    from dpmerge.training.dp_step import method_update
+
+    with pytest.raises(TypeError, match="dp_merging needs rho, anchor_lambda"):
+        method_update(METHODS["dp_merging"], None, [], [], (), None)
+
+
+def test_the_spec_says_what_each_term_costs():
+    assert [m.queries_per_step for m in METHODS.values()] == [1, 1, 2, 1, 2, 1, 1, 1]
+    assert METHODS["dp_merging"].hyperparameters == ("rho", "anchor_lambda")
+    assert METHODS["naive_dp"].hyperparameters == ()
+    with pytest.raises(ValueError, match="one_query is a way of doing flatness"):
+        Method("x", "X", "x", True, "ablation", one_query=True)
+    with pytest.raises(ValueError, match="role must be one of"):
+        Method("x", "X", "x", True, "rival")
+
+
+def test_the_schema_enums_list_the_spec_methods_in_its_order():
+    every = list(METHODS)
+    assert PROPERTIES["methods"]["items"]["enum"] == every
+    assert PROPERTIES["finetune"]["properties"]["by_method"]["propertyNames"]["enum"] == every
+    assert PROPERTIES["diagnostics"]["properties"]["landscape"]["properties"]["methods"]["items"]["enum"] == every
+    sweeps = PROPERTIES["sweeps"]["properties"]
+    assert sweeps["epsilon"]["properties"]["methods"]["items"]["enum"] == list(PRIVATE_MERGED_METHODS)
+    assert sweeps["epsilon"]["properties"]["methods"]["default"] == [BASELINE, PROPOSED]
+    assert sweeps["rho"]["properties"]["method"]["enum"] == [m for m in every if "rho" in METHODS[m].hyperparameters]
+    assert sweeps["anchor_lambda"]["properties"]["method"]["enum"] == [
+        m for m in every if "anchor_lambda" in METHODS[m].hyperparameters]
+    for sweep in ("rho", "anchor_lambda"):
+        assert sweeps[sweep]["properties"]["method"]["default"] == PROPOSED
+
+
+def test_the_schema_describes_every_method():
+    described = PROPERTIES["methods"]["description"]
+    assert [m for m in METHODS if f"{m} =" not in described] == []
+
+
+def test_the_cli_help_names_every_method():
+    from dpmerge.cli_arguments import build_parser
+
+    for command in ("finetune", "audit"):
+        help_text = build_parser()._subparsers._group_actions[0].choices[command].format_help()
+        assert [m for m in METHODS if m not in " ".join(help_text.split())] == [], command
+
+
+def test_the_report_reads_labels_rows_and_order_from_the_spec():
+    from dpmerge.report.figures import METHOD_ORDER
+    from dpmerge.report.labels import ABLATION_ROWS, METHOD_LABELS
+
+    assert METHOD_LABELS == {name: m.label for name, m in METHODS.items()}
+    assert [m for m, _ in ABLATION_ROWS] == [BASELINE, "dp_sam", "dp_anchor", PROPOSED, "dp_sat", "dp_sat_anchor"]
+    assert METHOD_ORDER == FIGURE_ORDER and FIGURE_ORDER[-1] == PROPOSED
+    assert set(ABLATIONS) == {"dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor"}
