@@ -126,6 +126,7 @@ def study_key(tmp_path, wide, monkeypatch):
 
 
 def audited(wide, method, epsilon, canaries=2000, **settings):
+    from dpmerge.training.canaries import WhiteBoxAudit
     from dpmerge.training.finetune import FinetuneConfig, finetune
 
     backbone, features, labels = wide
@@ -133,7 +134,7 @@ def audited(wide, method, epsilon, canaries=2000, **settings):
                             clip_norm=1.0, **settings)
     result = finetune(backbone, 2, features, labels, config, study_key=TEST_STUDY_KEY, log=lambda line: None,
                       identity={"backbone": "toy", "task": "toy", "method": method, "audit": canaries},
-                      audit_canaries=canaries)
+                      audit=WhiteBoxAudit(canaries))
     scores = result.canaries.scores(result.task_vector).numpy()
     return audit_scores(scores, result.canaries.included.numpy(), delta=1e-5), result
 

@@ -42,6 +42,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     from dpmerge.privacy.audit_ledger import claimed_epsilon
     from dpmerge.privacy.randomness import MechanismRandomness
     from dpmerge.stages.finetune import backbone_settings, training_inputs
+    from dpmerge.training.canaries import WhiteBoxAudit
     from dpmerge.training.finetune import finetune as train
     from dpmerge.training.finetune import finetune_identity
 
@@ -72,7 +73,7 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
                                    grouped)
     result = train(network, num_classes, tuple(prepared["train_features"]), prepared["train_labels"], config,
                    study_key=key, identity=identity, log=log, head=head, train_head=head is None,
-                   audit_canaries=canaries if kind == "white_box" else 0, input_canaries=inputs)
+                   audit=WhiteBoxAudit(canaries) if kind == "white_box" else inputs)
     record = result.record
     if kind == "white_box":
         scores, included = result.canaries.scores(result.task_vector), result.canaries.included

@@ -25,8 +25,22 @@ from __future__ import annotations
 import torch
 
 
+class WhiteBoxAudit:
+    """The hook a white-box audit hands to finetune(audit=...): the training set as it is, and `count` Dirac
+    canaries added to every query's clipped sum."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def training_set(self, features: tuple[torch.Tensor, ...], labels: torch.Tensor):
+        return features, labels
+
+    def gradient_canaries(self, **placement) -> DiracCanaries:
+        return DiracCanaries(count=self.count, **placement)
+
+
 class DiracCanaries:
-    def __init__(self, released_shapes: dict[str, torch.Size], count: int, clip_norm: float, sample_rate: float,
+    def __init__(self, *, released_shapes: dict[str, torch.Size], count: int, clip_norm: float, sample_rate: float,
                  randomness, to_internal, internal_names: list[str]):
         """`released_shapes`: the task vector's tensors; `to_internal` maps released-name tensors to the
         network's parameter names (Backbone.internal_state); `internal_names`: the trained parameters in the
@@ -113,6 +127,10 @@ class InputCanaries:
         pick = torch.nonzero(self.included).flatten()
         return (tuple(torch.cat([f, c[pick].to(f.dtype)]) for f, c in zip(features, self.features)),
                 torch.cat([labels, self.labels[pick].to(labels.dtype)]))
+
+    def gradient_canaries(self, **placement) -> None:
+        """A black-box audit adds nothing to the gradients: its canaries are in the training set."""
+        return None
 
     def scores(self, per_example_loss) -> torch.Tensor:
         """Minus each canary's loss on its wrong label under the released model (`per_example_loss(features,

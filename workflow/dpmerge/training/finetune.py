@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from dpmerge.artifacts import atomic_write, tensors_sha256
+from dpmerge.artifacts import tensors_sha256
 from dpmerge.epsilon import NONPRIVATE_RECORDED
 from dpmerge.methods import METHODS
 from dpmerge.models.base import Backbone, TaskModel
@@ -35,9 +35,9 @@ from dpmerge.privacy.accounting import (
 )
 from dpmerge.privacy.gaussian_mechanism import poisson_batch
 from dpmerge.privacy.randomness import RNG_MODES, MechanismRandomness
-from dpmerge.privacy.study_key import mechanism_fingerprint
 from dpmerge.runtime import compute_line
-from dpmerge.training.canaries import DiracCanaries, InputCanaries
+from dpmerge.training.canaries import DiracCanaries
+from dpmerge.training.checkpoint import resume, run_fingerprint, save_checkpoint
 from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
 from dpmerge.training.persample import STRATEGIES, make_clipper
 
@@ -100,40 +100,6 @@ class FinetuneConfig:
                 raise ValueError(f"finetune.{field_name} must be positive, got {value!r}")
 
 
-def _save_checkpoint(path: Path, fingerprint: dict, step: int, steps_by_queries: dict, params, optimizer, sampler,
-                     noise, memory: dict) -> None:
-    # Private (it holds the generators' states): never a release, kept under the results folder's checkpoints/.
-    state = {
-        "fingerprint": fingerprint,
-        "step": step,
-        "steps_by_queries": dict(steps_by_queries),
-        "params": [p.detach().cpu() for p in params],
-        "optimizer": optimizer.state_dict(),
-        "sampler": sampler.get_state(),
-        "noise": noise.get_state(),
-        # the step functions' state across steps (DPSAT's previous privatized gradient)
-        "memory": {key: [t.detach().cpu() for t in value] for key, value in memory.items()},
-    }
-    atomic_write(path, lambda tmp: torch.save(state, tmp), private=True)
-
-
-def _load_checkpoint(path: Path, fingerprint: dict, log) -> dict | None:
-    """The saved state, or None (start clean) when there is none or it belongs to another run."""
-    if not path.is_file():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        saved = state["fingerprint"]
-    except Exception as error:  # a truncated or foreign file: never trust it, never crash on it
-        log(f"[finetune] checkpoint {path} is unreadable ({type(error).__name__}: {error}); starting clean")
-        return None
-    if saved != fingerprint:
-        differing = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
-        log(f"[finetune] checkpoint {path} belongs to another run (differs in {differing}); starting clean")
-        return None
-    return state
-
-
 @dataclass
 class TrainingResult:
     task_vector: dict[str, torch.Tensor]
@@ -177,6 +143,112 @@ def finetune_identity(config: FinetuneConfig, identity: dict, pretrained_sha256:
             "settings": settings}
 
 
+@dataclass(frozen=True)
+class SamplingPlan:
+    """What the accountant is told before the run, from the settings and the data's size alone."""
+
+    population: int  # N, or the public size under add/remove (never N there: it differs between neighbours)
+    size_name: str  # "N" or "public_n", for messages
+    sample_rate: float  # q = B / population
+    steps: int  # round(epochs / q)
+    delta: float  # 1 / population unless configured
+
+
+def sampling_plan(config: FinetuneConfig, private: bool, num_examples: int) -> SamplingPlan:
+    if config.batch_size > num_examples:
+        raise ValueError(f"batch_size {config.batch_size} exceeds the {num_examples} training examples")
+    public_size = config.neighbouring == "add_remove" and config.public_n is not None
+    population, size_name = (config.public_n, "public_n") if public_size else (num_examples, "N")
+    # delta <= 1/N: a larger delta admits mechanisms that publish one whole example outright. The default is the
+    # paper's 1/N; the tolerance lets a delta typed as 1/N's decimal expansion pass.
+    if config.delta is not None and private and not 0 < config.delta <= (1.0 / population) * (1 + 1e-9):
+        raise ValueError(f"finetune.delta must be in (0, 1/{size_name}] = (0, {1.0 / population:.6g}] for "
+                         f"{size_name} = {population}, got {config.delta}")
+    sample_rate = min(1.0, config.batch_size / population)
+    return SamplingPlan(population, size_name, sample_rate, max(1, round(config.epochs / sample_rate)),
+                        config.delta if config.delta is not None else 1.0 / population)
+
+
+def task_model(backbone: Backbone, num_classes: int, head_only: bool, randomness, head: dict | None,
+               train_head: bool) -> tuple[TaskModel, list[torch.nn.Parameter]]:
+    """The model to train, its head from `head` or a keyed initialisation, and the top's parameters a head-only
+    run froze (the shared backbone's flags, to restore when the run ends)."""
+    with torch.random.fork_rng(devices=[]):  # the head's initial weights, without touching the caller's RNG
+        torch.manual_seed(randomness.seed("head_init"))
+        model = TaskModel(backbone, num_classes)
+    if head is not None:
+        model.head.load_state_dict(head)
+    model.head.requires_grad_(train_head)
+    frozen_top = [p for p in model.backbone_network.parameters() if p.requires_grad] if head_only else []
+    for p in frozen_top:
+        p.requires_grad_(False)
+    model.train()
+    return model, frozen_top
+
+
+BACKBONE_PREFIX = "backbone_network."
+
+
+def anchors_of(names: list[str], backbone: Backbone, pretrained: dict) -> list[torch.Tensor | None]:
+    """w0 for every trained parameter (Eq. 7's anchor), None for those without a pretrained value (the head)."""
+    internal = {name: value.to(backbone.device) for name, value in backbone.internal_state(pretrained).items()}
+    return [internal.get(name.removeprefix(BACKBONE_PREFIX)) for name in names]
+
+
+def noise_multiplier(config: FinetuneConfig, method, plan: SamplingPlan, steps: int) -> float:
+    """sigma calibrated to the target for the method's queries per step; 0 where nothing private is queried."""
+    if not (method.private and steps):
+        return 0.0
+    return calibrate_noise_multiplier(config.target_epsilon, plan.delta, plan.sample_rate, steps,
+                                      method.queries_per_step, config.accountant, config.neighbouring)
+
+
+class GradientOracle:
+    """The loop's only way to the data: each call is one query on the step's batch; the private ones are counted,
+    so that what the accountant is charged comes from what ran, not from the configuration (steps_by_queries[k] =
+    how many steps made k privatized queries on their batch)."""
+
+    def __init__(self, config: FinetuneConfig, private: bool, model: TaskModel, backbone: Backbone, params,
+                 optimizer, per_sample, sigma: float, noise, canaries):
+        self.config, self.private, self.model, self.backbone, self.params = config, private, model, backbone, params
+        self.optimizer, self.per_sample, self.sigma, self.noise, self.canaries = (optimizer, per_sample, sigma,
+                                                                                  noise, canaries)
+        self.this_step = 0
+        self.steps_by_queries: collections.Counter = collections.Counter()
+
+    def __call__(self, features, labels):
+        if not self.private:
+            return self._nonprivate(features, labels)
+        self.this_step += 1  # every privatized query; a non-private run is charged nothing
+        return self._private(features, labels)
+
+    def begin_step(self) -> None:
+        self.this_step = 0
+        if self.canaries is not None:
+            self.canaries.begin_step()
+
+    def end_step(self) -> None:
+        self.steps_by_queries[self.this_step] += 1
+
+    def _private(self, features, labels):
+        return privatized_gradient(
+            self.per_sample, features, labels, clip_norm=self.config.clip_norm, noise_multiplier=self.sigma,
+            expected_batch_size=self.config.batch_size, noise=self.noise,
+            extra_examples=self.canaries.add_to if self.canaries is not None else None,
+        )
+
+    def _nonprivate(self, features, labels):
+        self.optimizer.zero_grad(set_to_none=True)
+        if labels.numel():
+            with self.backbone.autocast():
+                loss = task_loss(self.model(*features), labels)
+            loss.backward()
+        gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.canaries is not None:  # as examples of the mean loss
+            self.canaries.add_to(gradients, scale=1.0 / max(int(labels.numel()), 1))
+        return gradients
+
+
 def finetune(
     backbone: Backbone,
     num_classes: int,
@@ -191,8 +263,7 @@ def finetune(
     checkpoint_every: int = 10,
     head: dict[str, torch.Tensor] | None = None,
     train_head: bool = True,
-    audit_canaries: int = 0,
-    input_canaries: InputCanaries | None = None,
+    audit=None,
 ) -> TrainingResult:
     """Fine-tune the backbone's top and a head on one task; return the task vector and privacy record.
 
@@ -205,40 +276,25 @@ def finetune(
     top (and privatized with it: it is part of every clipped per-example gradient).
 
     With `checkpoint`, the run saves its full state there every `checkpoint_every` steps and, when started
-    again, resumes from it: the resumed run is bit-identical to an uninterrupted one (same batches, same noise)
-    so the released vector and its privacy record are the same. Steps lost after the last checkpoint released
-    nothing and are recomputed identically, so no budget is spent twice. The caller removes the file once the
-    outputs are released (a crash before that resumes from it again).
+    again, resumes from it (training/checkpoint.py). Steps lost after the last checkpoint released nothing and are
+    recomputed identically, so no budget is spent twice. The caller removes the file once the outputs are
+    released (a crash before that resumes from it again).
 
-    With `audit_canaries` = m > 0 the run is a privacy audit's (privacy/audit.py): m Dirac canaries
-    (training/canaries.py) join the training set, each with probability 1/2, and the result carries them.
-    With `input_canaries` (black-box), the included ones join the training set before anything is sampled.
+    `audit` (training/canaries.py: `WhiteBoxAudit`, `InputCanaries`) makes the run a privacy audit's: it may
+    change the training set before anything is sampled and add canaries to every query; the result carries them.
     Such a run is never a release, and it is not checkpointed.
     """
-    if (audit_canaries or input_canaries is not None) and checkpoint is not None:
+    if audit is not None and checkpoint is not None:
         raise ValueError("an audit run is not checkpointed: its canaries' draws are not part of the saved state")
     method = METHODS[config.method]
-    if input_canaries is not None:
-        train_features, train_labels = input_canaries.training_set(tuple(train_features), train_labels)
+    if audit is not None:
+        train_features, train_labels = audit.training_set(tuple(train_features), train_labels)
     num_examples = int(train_labels.shape[0])
-    if config.batch_size > num_examples:
-        raise ValueError(f"batch_size {config.batch_size} exceeds the {num_examples} training examples")
-    # Under add/remove the released numbers come from the public size, never from N (see FinetuneConfig).
-    public_size = config.neighbouring == "add_remove" and config.public_n is not None
-    population, size_name = (config.public_n, "public_n") if public_size else (num_examples, "N")
-    # delta <= 1/N: a larger delta admits mechanisms that publish one whole example outright. The default is the
-    # paper's 1/N; the tolerance lets a delta typed as 1/N's decimal expansion pass.
-    if config.delta is not None and method.private and not 0 < config.delta <= (1.0 / population) * (1 + 1e-9):
-        raise ValueError(f"finetune.delta must be in (0, 1/{size_name}] = (0, {1.0 / population:.6g}] for "
-                         f"{size_name} = {population}, got {config.delta}")
-    sample_rate = min(1.0, config.batch_size / population)
-    steps = max(1, round(config.epochs / sample_rate))
-    delta = config.delta if config.delta is not None else 1.0 / population
+    plan = sampling_plan(config, method.private, num_examples)
 
+    # -- the mechanism's identity and its secret randomness
     device = backbone.device
-    strategy = (
-        backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
-    )
+    strategy = backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
     data_sha256 = tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}})
     mechanism = finetune_identity(config, identity, backbone.checkpoint_sha256, data_sha256=data_sha256,
                                   num_examples=num_examples, per_sample_gradients=strategy)
@@ -246,157 +302,71 @@ def finetune(
     sampler = randomness.stream("poisson_sampler", "cpu")
     noise = randomness.stream("gaussian_noise", device)  # drawn where the gradients are (same stream on resume)
 
+    # -- what trains, the optimizer, the clipper, sigma
     pretrained = backbone.top_state()
-    with torch.random.fork_rng(devices=[]):  # the head's initial weights, without touching the caller's RNG
-        torch.manual_seed(randomness.seed("head_init"))
-        model = TaskModel(backbone, num_classes)
-    if head is not None:
-        model.head.load_state_dict(head)
-    model.head.requires_grad_(train_head)
-    # A head-only run leaves w0 as it is; the shared backbone's flags are restored when the run ends.
-    frozen_top = [p for p in model.backbone_network.parameters() if p.requires_grad] if method.head_only else []
-    for p in frozen_top:
-        p.requires_grad_(False)
-    model.train()
+    model, frozen_top = task_model(backbone, num_classes, method.head_only, randomness, head, train_head)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     # Nothing to train (a head-only run with a frozen zero-shot head): no query touches the data, none is
     # accounted, and the release is w0 with the public head.
-    trains = bool(params)
-    if not trains:
-        steps = 0
-    per_sample = make_clipper(model, strategy, backbone.autocast) if method.private and trains else None
-    backbone_prefix = "backbone_network."
-    internal_pretrained = {name: value.to(device) for name, value in backbone.internal_state(pretrained).items()}
-    anchors = [internal_pretrained.get(name.removeprefix(backbone_prefix)) for name in names]
-    optimizer = (adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
-                 if trains else None)
-
-    canaries = None
-    if audit_canaries:
-        canaries = DiracCanaries(
-            {name: value.shape for name, value in pretrained.items()}, audit_canaries, config.clip_norm, sample_rate,
-            randomness, backbone.internal_state,
-            [name.removeprefix(backbone_prefix) if name.startswith(backbone_prefix) else None for name in names],
-        )
-
-    if method.private and trains:
-        sigma = calibrate_noise_multiplier(
-            config.target_epsilon, delta, sample_rate, steps, method.queries_per_step, config.accountant,
-            config.neighbouring,
-        )
-    else:
-        sigma = 0.0
+    steps = plan.steps if params else 0
+    per_sample = make_clipper(model, strategy, backbone.autocast) if method.private and params else None
+    anchors = anchors_of(names, backbone, pretrained)
+    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas) if params else None
+    canaries = None if audit is None else audit.gradient_canaries(
+        released_shapes={name: value.shape for name, value in pretrained.items()}, clip_norm=config.clip_norm,
+        sample_rate=plan.sample_rate, randomness=randomness, to_internal=backbone.internal_state,
+        internal_names=[n.removeprefix(BACKBONE_PREFIX) if n.startswith(BACKBONE_PREFIX) else None for n in names])
+    sigma = noise_multiplier(config, method, plan, steps)
     log(
-        f"[finetune] method={config.method} {size_name}={population} q={sample_rate:.5f} steps={steps} "
-        f"sigma={sigma:.4f} queries/step={method.queries_per_step} delta={delta:.3g}"
+        f"[finetune] method={config.method} {plan.size_name}={plan.population} q={plan.sample_rate:.5f} "
+        f"steps={steps} sigma={sigma:.4f} queries/step={method.queries_per_step} delta={plan.delta:.3g}"
         + (f" neighbouring={config.neighbouring} randomness={config.rng} per-sample={strategy}"
            if method.private else "")
         + f" device={device} precision={backbone.precision} pretrained_sha256={backbone.checkpoint_sha256[:16]}..."
     )
+    query = GradientOracle(config, method.private, model, backbone, params, optimizer, per_sample, sigma, noise,
+                           canaries)
 
-    # What the accountant is charged comes from here, not from the configuration: every privatized query is
-    # counted per step, and steps_by_queries[k] = how many steps made k queries on their batch.
-    queries_this_step = 0
-    steps_by_queries: collections.Counter = collections.Counter()
-
-    def private_query(features, labels):
-        nonlocal queries_this_step
-        queries_this_step += 1
-        return privatized_gradient(
-            per_sample, features, labels, clip_norm=config.clip_norm, noise_multiplier=sigma,
-            expected_batch_size=config.batch_size, noise=noise,
-            extra_examples=canaries.add_to if canaries is not None else None,
-        )
-
-    def nonprivate_gradient(features, labels):
-        optimizer.zero_grad(set_to_none=True)
-        if labels.numel():
-            with backbone.autocast():
-                loss = task_loss(model(*features), labels)
-            loss.backward()
-        gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        if canaries is not None:  # as examples of the mean loss
-            canaries.add_to(gradients, scale=1.0 / max(int(labels.numel()), 1))
-        return gradients
-
-    first_step = 0
-    memory: dict[str, list[torch.Tensor]] = {}  # what a step function keeps for the next step (method_update)
+    # -- resume
+    first_step, memory = 0, {}  # memory: what a step function keeps for the next step (method_update)
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
-        # Identifies the run a checkpoint belongs to.
-        fingerprint = {
-            "config": asdict(config),
-            # the same study key and mechanism identity, or the resumed streams would not be this run's
-            "randomness": mechanism_fingerprint(study_key, mechanism),
-            # how the streams cut their draws over generators: a checkpoint from another layout cannot resume them
-            "random_streams": [sampler.layout, noise.layout],
-            "num_examples": num_examples,
-            "data_sha256": data_sha256,
-            "pretrained_sha256": backbone.checkpoint_sha256,
-            "parameters": names,
-            "sigma": sigma,
-            # strategies agree only up to float rounding; a resume must reproduce the run bit for bit
-            "per_sample_gradients": strategy,
-            "precision": backbone.precision,
-            "train_head": train_head,
-            "head_sha256": tensors_sha256(head) if head is not None else None,
-        }
-        state = _load_checkpoint(checkpoint, fingerprint, log)
-        if state is not None:
-            with torch.no_grad():
-                for p, value in zip(params, state["params"]):
-                    p.copy_(value)
-            optimizer.load_state_dict(state["optimizer"])
-            sampler.set_state(state["sampler"])
-            noise.set_state(state["noise"])
-            first_step = state["step"]
-            steps_by_queries.update(state["steps_by_queries"])
-            memory.update({key: [t.to(device) for t in value] for key, value in state.get("memory", {}).items()})
+        fingerprint = run_fingerprint(
+            config, study_key, mechanism, (sampler, noise), num_examples=num_examples, data_sha256=data_sha256,
+            pretrained_sha256=backbone.checkpoint_sha256, parameters=names, sigma=sigma, strategy=strategy,
+            precision=backbone.precision, train_head=train_head, head=head)
+        first_step = resume(checkpoint, fingerprint, params, optimizer, sampler, noise, memory,
+                            query.steps_by_queries, device, log)
+        if first_step:
             log(f"[finetune] resumed from {checkpoint} at step {first_step}/{steps}")
-
-    if method.head_only and trains:
+    if method.head_only and params:
         pooling_started = time.perf_counter()
         train_features = head_only_inputs(model, train_features, backbone)
         log(compute_line("w0's top on the training set", time.perf_counter() - pooling_started))
 
+    # -- the loop
+    hyperparameters = {name: getattr(config, name) for name in method.hyperparameters}
+    losses: list[float] = []  # non-private runs only: a private run's loss is a statistic nothing privatized
     try:
-        query = private_query if method.private else nonprivate_gradient
-        hyperparameters = {name: getattr(config, name) for name in method.hyperparameters}
-        losses: list[float] = []
-        started = time.time()
-        loop_started = time.perf_counter()
+        started, loop_started = time.time(), time.perf_counter()
         for step in range(first_step, steps):
-            batch = poisson_batch(num_examples, sample_rate, sampler)
-            if canaries is not None:
-                canaries.begin_step()
+            batch = poisson_batch(num_examples, plan.sample_rate, sampler)
+            query.begin_step()
             features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
             labels = train_labels[batch].to(device)
-            queries_this_step = 0
             update = method_update(method, query, params, anchors, features, labels, memory, **hyperparameters)
-            steps_by_queries[queries_this_step] += 1
+            query.end_step()
             for p, u in zip(params, update):
                 p.grad = u
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
-                _save_checkpoint(checkpoint, fingerprint, step + 1, steps_by_queries, params, optimizer, sampler,
-                                 noise, memory)
+                save_checkpoint(checkpoint, fingerprint, step + 1, query.steps_by_queries, params, optimizer,
+                                sampler, noise, memory)
             if step % config.log_every == 0 or step == steps - 1:
-                elapsed = time.time() - started
-                rate = (step + 1 - first_step) / elapsed if elapsed > 0 else float("inf")
-                # A private run's log shows progress only: its loss and real batch size are statistics of the
-                # private data that nothing privatized, and logs get copied with results.
-                observed = ""
-                if not method.private:
-                    with torch.no_grad(), backbone.autocast():
-                        loss = task_loss(model(*features), labels).item() if labels.numel() else float("nan")
-                    losses.append(loss)
-                    observed = f" batch={labels.numel()} loss={loss:.4f}"
-                log(
-                    f"[finetune] step {step + 1}/{steps}{observed} "
-                    f"elapsed={elapsed:.1f}s ({rate:.2f} steps/s, eta {(steps - step - 1) / rate:.0f}s)"
-                )
+                log_progress(log, step, first_step, steps, started, method.private, model, backbone, features,
+                             labels, losses)
         log(compute_line("training loop", time.perf_counter() - loop_started))
     except BaseException:
         backbone.load_top_state(pretrained)  # the shared backbone must not keep a half-trained top
@@ -407,9 +377,12 @@ def finetune(
         for p in frozen_top:
             p.requires_grad_(True)
 
-    ran = {int(k): int(n) for k, n in sorted(steps_by_queries.items()) if k > 0}
+    # -- the release
+    ran = {int(k): int(n) for k, n in sorted(query.steps_by_queries.items()) if k > 0}
+    spent = NONPRIVATE_RECORDED
     if method.private:
-        spent = spent_epsilon_of_steps(sigma, sample_rate, ran, delta, config.accountant, config.neighbouring)
+        spent = spent_epsilon_of_steps(sigma, plan.sample_rate, ran, plan.delta, config.accountant,
+                                       config.neighbouring)
         if spent > config.target_epsilon:
             backbone.load_top_state(pretrained)
             raise RuntimeError(
@@ -420,14 +393,39 @@ def finetune(
     task_vector = {name: finetuned[name] - pretrained[name] for name in pretrained}
     head = {name: value.detach().to("cpu", copy=True) for name, value in model.head.state_dict().items()}
     backbone.load_top_state(pretrained)  # leave the shared backbone as we found it
-    record = {
+    record = release_record(config, method, plan, sigma, spent, query.steps_by_queries, ran, backbone, pretrained,
+                            num_examples, strategy, train_head)
+    return TrainingResult(task_vector, head, record, losses, canaries)
+
+
+def log_progress(log, step: int, first_step: int, steps: int, started: float, private: bool, model, backbone,
+                 features, labels, losses: list[float]) -> None:
+    """A step's progress line with its rate and ETA. A private run's shows progress only: its loss and real batch
+    size are statistics of the private data that nothing privatized, and logs get copied with results."""
+    elapsed = time.time() - started
+    rate = (step + 1 - first_step) / elapsed if elapsed > 0 else float("inf")
+    observed = ""
+    if not private:
+        with torch.no_grad(), backbone.autocast():
+            loss = task_loss(model(*features), labels).item() if labels.numel() else float("nan")
+        losses.append(loss)
+        observed = f" batch={labels.numel()} loss={loss:.4f}"
+    log(f"[finetune] step {step + 1}/{steps}{observed} "
+        f"elapsed={elapsed:.1f}s ({rate:.2f} steps/s, eta {(steps - step - 1) / rate:.0f}s)")
+
+
+def release_record(config: FinetuneConfig, method, plan: SamplingPlan, sigma: float, spent, steps_by_queries,
+                   ran: dict[int, int], backbone: Backbone, pretrained: dict, num_examples: int, strategy: str,
+                   train_head: bool) -> dict:
+    """The release's privacy record: everything the ledger recomputes epsilon from, from what ran."""
+    return {
         "method": config.method,
         "target_epsilon": config.target_epsilon if method.private else NONPRIVATE_RECORDED,
-        "spent_epsilon": spent if method.private else NONPRIVATE_RECORDED,
-        "delta": delta if method.private else 0.0,
+        "spent_epsilon": spent,
+        "delta": plan.delta if method.private else 0.0,
         "noise_multiplier": sigma,
         "effective_noise_multiplier": effective_noise_multiplier(sigma, method.queries_per_step),
-        "sample_rate": sample_rate,
+        "sample_rate": plan.sample_rate,
         "steps": sum(steps_by_queries.values()),
         "clip_norm": config.clip_norm if method.private else None,
         "queries_per_step": method.queries_per_step,
@@ -455,4 +453,3 @@ def finetune(
             "train_head": train_head,
         },
     }
-    return TrainingResult(task_vector, head, record, losses, canaries)
