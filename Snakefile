@@ -41,8 +41,8 @@ if not workflow.config_settings.configfiles:
     configfile: "config.yaml"
 
 
-include: "workflow/rules/common.smk"
-include: "workflow/rules/captions.smk"
+include: "workflow/rules/settings.smk"
+include: "workflow/rules/paths.smk"
 
 
 # Noise calibrations, kept for the run's other jobs (privacy/pld.py): hundreds of fine-tunes share a handful of
@@ -89,9 +89,15 @@ onerror:
 report: os.path.abspath(ANSWER_RST) if os.path.exists(ANSWER_RST) else "workflow/report/workflow.rst"
 
 
+# Each file below uses only names of the files above it (tests/test_structure.py holds the rules to that).
+include: "workflow/rules/noise_common.smk"
+include: "workflow/rules/grid.smk"
+include: "workflow/rules/merge_common.smk"
+include: "workflow/rules/diagnostics_common.smk"
 include: "workflow/rules/audit_common.smk"
 include: "workflow/rules/mix_common.smk"
-include: "workflow/rules/noise_common.smk"
+include: "workflow/rules/targets.smk"
+include: "workflow/rules/captions.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/audit.smk"
 include: "workflow/rules/merge.smk"

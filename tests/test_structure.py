@@ -148,3 +148,59 @@ def test_every_package_init_is_light():
 
 def test_the_catalog_the_snakefile_reads_needs_no_torch():
     assert not {"torch", "numpy", "pandas"} & set(fresh_import("import dpmerge.catalog"))
+
+
+# ----------------------------------------------------------------------------------------- the workflow's rules
+ROOT = PACKAGE.parents[1]
+
+
+def rule_files() -> list[Path]:
+    """The Snakefile's includes, in its order."""
+    import re
+
+    text = (ROOT / "Snakefile").read_text()
+    return [ROOT / path for path in re.findall(r'^include: "([^"]+)"', text, re.M)]
+
+
+def rule_names(path: Path) -> tuple[set[str], str]:
+    """The names a rules file defines at its top level (functions and constants), and its code with comments and
+    docstrings taken out (a name mentioned in prose is not a use)."""
+    import re
+
+    text = path.read_text()
+    defined = set(re.findall(r"^(?:def (\w+)|(\w+) =)", text, re.M))
+    defined = {a or b for a, b in defined}
+    code = re.sub(r'"""(?:.|\n)*?"""', "", text)
+    code = re.sub(r"#[^\n]*", "", code)
+    return defined, code
+
+
+def test_each_rules_file_uses_only_names_of_the_files_included_above_it():
+    """No circle between rule files: each one reads only what the Snakefile included before it."""
+    import re
+
+    files = rule_files()
+    assert files, "the Snakefile includes no rules files"
+    defined = {path: rule_names(path)[0] for path in files}
+    owner = {}
+    for path in files:
+        for name in defined[path]:
+            assert name not in owner, f"{name} is defined in both {owner[name].name} and {path.name}"
+            owner[name] = path
+    later_uses = []
+    for index, path in enumerate(files):
+        code = rule_names(path)[1]
+        for later in files[index + 1:]:
+            used = sorted(n for n in defined[later] if re.search(rf"\b{n}\b", code))
+            later_uses += [f"{path.name} uses {name} of {later.name}" for name in used]
+    assert not later_uses, "rules files that reach down the include order: " + "; ".join(later_uses)
+
+
+@pytest.mark.parametrize("path", rule_files(), ids=lambda path: path.name)
+def test_no_rules_file_over_600_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path} has {lines} lines (at most {MAX_LINES}: split it by concern)"
+
+
+def test_every_rules_file_is_included():
+    assert set(rule_files()) == set((ROOT / "workflow" / "rules").glob("*.smk"))

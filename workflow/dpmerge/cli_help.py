@@ -9,7 +9,7 @@ tests/test_cli.py parses every one with the real parser.
 
 from __future__ import annotations
 
-# The default config's effnet backbone as the pipeline spells it (weights_spec in workflow/rules/common.smk)
+# The default config's effnet backbone as the pipeline spells it (weights_spec in workflow/rules/settings.smk)
 EFFNET_SPEC = """'{"image_size": 64, "kind": "efficientnet_lite0", "trainable_blocks": 1}'"""
 GROUP = "results/taskvectors/effnet/eps4/dp_merging/s0"  # one release group: effnet, eps 4, dp_merging, seed 0
 HEADS = "results/heads/effnet/eps4/dp_merging/s0"

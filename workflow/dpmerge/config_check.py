@@ -1,4 +1,4 @@
-"""Every check of an experiment config, made before any job runs (workflow/rules/common.smk calls `check_config`).
+"""Every check of an experiment config, made before any job runs (workflow/rules/settings.smk calls `check_config`).
 
 A bad config stops the workflow with one message that names the field and what was expected. The checks live
 here, not in the Snakefile, so the tests can try each bad config in-process instead of starting Snakemake.

@@ -1,4 +1,4 @@
-# The paper tables' and figures' inputs, captions and titles, from the grid in common.smk: the wildcards and the
+# The paper tables' and figures' inputs, captions and titles, from the grid in grid.smk: the wildcards and the
 # config as plain values for dpmerge/report/captions.py.
 
 
@@ -14,7 +14,7 @@ def table1_caption(wildcards):
     return multitask_table_caption(
         backbone=wildcards.backbone,
         kind=_kind(wildcards.backbone),
-        epsilon=eps_value(wildcards.eps),
+        epsilon=epsilon_of_label(wildcards.eps),
         n_seeds=len(SEEDS),
         pretrained=pretrained,
     )
@@ -33,7 +33,7 @@ def table5_caption(wildcards):
     return ablation_table_caption(
         backbone=wildcards.backbone,
         kind=_kind(wildcards.backbone),
-        epsilon=eps_value(wildcards.eps),
+        epsilon=epsilon_of_label(wildcards.eps),
         n_seeds=len(SEEDS),
         one_query=[m for m in ONE_QUERY_FLATNESS_METHODS if m in config["methods"]],
     )
@@ -47,7 +47,7 @@ def sensitivity_caption(parameter):
             operator=TABLE_OPERATOR,
             backbone=wildcards.backbone,
             kind=_kind(wildcards.backbone),
-            epsilon=eps_value(sensitivity_epsilon(parameter)),
+            epsilon=epsilon_of_label(sensitivity_epsilon(parameter)),
             n_seeds=len(SEEDS),
         )
 
@@ -58,7 +58,7 @@ def table8_caption(wildcards):
     return operators_table_caption(
         backbone=wildcards.backbone,
         kind=_kind(wildcards.backbone),
-        epsilon=eps_value(wildcards.eps),
+        epsilon=epsilon_of_label(wildcards.eps),
         n_seeds=len(SEEDS),
     )
 
@@ -85,7 +85,7 @@ def table7_scores(wildcards):
 def interpolation_title(wildcards):
     return interpolation_figure_title(
         backbone=wildcards.backbone,
-        epsilon=eps_value(wildcards.eps),
+        epsilon=epsilon_of_label(wildcards.eps),
         operator=config["diagnostics"]["interpolation"]["operator"],
     )
 
@@ -101,7 +101,7 @@ def gap_bound_title(wildcards):
 def landscape_title(wildcards):
     return landscape_figure_title(
         backbone=wildcards.backbone,
-        epsilon=eps_value(wildcards.eps),
+        epsilon=epsilon_of_label(wildcards.eps),
         operator=config["diagnostics"]["landscape"]["operator"],
     )
 

@@ -12,7 +12,7 @@ rule mix:
         vector=MIX_TV,
         head=MIX_HEAD,
     params:
-        target=lambda wildcards: eps_value(wildcards.eps),
+        target=lambda wildcards: epsilon_of_label(wildcards.eps),
         rng=config["privacy"]["rng"],
     log:
         result("logs/mix/{backbone}/{eps}/{method}/{seed}/{task}.log"),
@@ -69,7 +69,7 @@ rule combine:
         vector=COMBINED_TV,
         head=COMBINED_HEAD,
     params:
-        target=lambda wildcards: eps_value(wildcards.eps),
+        target=lambda wildcards: epsilon_of_label(wildcards.eps),
         seed=lambda wildcards: wildcards.seed[1:],
     log:
         result("logs/combine/{backbone}/{eps}/{method}/{seed}/{task}.log"),

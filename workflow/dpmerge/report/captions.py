@@ -2,7 +2,7 @@
 `dpmerge table --caption` and `dpmerge plot-* --title`.
 
 Plain functions of plain values (a backbone's name and kind, a budget as a float, an operator's name, the number
-of seeds), with no torch, numpy or pandas: workflow/rules/common.smk turns a rule's wildcards and the config into
+of seeds), with no torch, numpy or pandas: workflow/rules/captions.smk turns a rule's wildcards and the config into
 these values and calls them while Snakemake plans the jobs.
 """
 

@@ -1,0 +1,56 @@
+# The merges' input functions (rules in workflow/rules/merge.smk): each operator's flags, and the RegMean or
+# Fisher statistics it reads, public or private.
+
+
+def operator_params(wildcards):
+    """The merge's operator, vectors, hyperparameters and statistics file as flags (a change reruns only this
+    merge onwards)."""
+    name = wildcards.operator
+    flags = [
+        f"--method {merge_operator(name)}",
+        f"--vectors {config['merge'][name].get('vectors', 'task')}",
+        f"--name {name}",
+    ]
+    flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(merge_hyperparameters(name).items())]
+    flags += [f"--statistics {path}" for path in merge_statistics_files(wildcards)]
+    return " ".join(flags)
+
+
+def merge_statistics_files(wildcards):
+    """The statistics a merge reads (RegMean, Fisher), or none."""
+    if merge_operator(wildcards.operator) not in NEEDS_STATISTICS:
+        return []
+    return [STATISTICS.format(**wildcards)]
+
+
+def statistics_params(wildcards):
+    name = wildcards.operator
+    settings = config["merge"][name]["statistics"]
+    flags = [
+        f"--kind {NEEDS_STATISTICS[merge_operator(name)]}",
+        f"--source {settings['data']}",
+        f"--examples {settings.get('examples', 256)}",
+    ]
+    if settings["data"] == "private":
+        flags += [f"--clip-norm {settings['clip_norm']}", f"--epsilon {settings['epsilon']}"]
+    return " ".join(flags)
+
+
+def public_data_input(wildcards):
+    """The prepared dataset a backbone declares public, for merges whose statistics read public data."""
+    if config["merge"][wildcards.operator]["statistics"]["data"] != "public":
+        return []
+    return [DATA.format(backbone=wildcards.backbone, task=config["backbones"][wildcards.backbone]["public_data"])]
+
+
+def public_data_flag(wildcards, input):
+    return f"--public-data {input.public}" if input.public else ""
+
+
+def all_statistics():
+    return [
+        STATISTICS.format(operator=name, **g)
+        for g in all_groups()
+        for name in g["merges"]
+        if merge_operator(name) in NEEDS_STATISTICS
+    ]
