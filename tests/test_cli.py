@@ -28,6 +28,44 @@ def test_version_is_the_installed_distributions():
     assert pyproject["project"]["license"] == "MIT" and (Path(__file__).parents[1] / "LICENSE").is_file()
 
 
+
+def test_every_command_hands_its_flags_to_its_stage_by_name():
+    """The parser names each command's stage and gives every flag the stage's keyword: no flag the stage does not
+    take, no required keyword without a flag (the face copies nothing field by field)."""
+    import inspect
+
+    from dpmerge.cli import PARSER_ONLY, stage_function
+
+    sub = build_parser()._subparsers._group_actions[0]
+    for command, parser in sub.choices.items():
+        handed = ({a.dest for a in parser._actions if a.dest != "help"} | set(parser._defaults)) - set(PARSER_ONLY)
+        parameters = inspect.signature(stage_function(parser._defaults["stage"])).parameters
+        required = {name for name, p in parameters.items() if p.default is inspect.Parameter.empty}
+        assert handed <= set(parameters), (command, sorted(handed - set(parameters)))
+        assert required <= handed, (command, sorted(required - handed))
+
+
+def test_structured_flags_are_parsed_into_what_the_stage_takes():
+    args = build_parser().parse_args(["merge", "a", "b", "--base", "w0", "-o", "m", "--method", "ties",
+                                      "--param", "density=0.3", "--param", "merge_func=sum", "--param", "k=x"])
+    assert args.operator == "ties" and args.params == {"density": 0.3, "merge_func": "sum", "k": "x"}
+    args = build_parser().parse_args(["answer", "--table1", "effnet, eps = 4=t.parquet", "--ledger", "l.json",
+                                      "--out-markdown", "a.md", "--out-rst", "a.rst"])
+    assert args.tables == {"effnet, eps = 4": "t.parquet"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["merge", "a", "--base", "w0", "-o", "m", "--method", "ties", "--param", "density"], "--param expects key=value"),
+    (["evaluate", "--backbone-spec", "[1]", "--base", "w0", "--heads", "h", "--data", "d", "-o", "x"],
+     "argument --backbone-spec: must be a JSON object"),
+    (["evaluate", "--backbone-spec", "{", "--base", "w0", "--heads", "h", "--data", "d", "-o", "x"],
+     "argument --backbone-spec: not valid JSON"),
+])
+def test_a_malformed_structured_flag_is_one_line_naming_it(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
 def test_every_command_has_help(capsys):
     assert run_cli("--help").returncode == 0  # the real entry point once; each command's help in process
     for command in COMMANDS:

@@ -37,6 +37,59 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def json_object(text: str) -> dict:
+    """A flag's JSON object (--backbone-spec, --hparams, --candidates), refused with the reason otherwise."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+class KeyValues(argparse.Action):
+    """Repeatable key=value into one dict; a value is read as JSON where it parses (0.3, true, "x"), else as text."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        import json
+
+        if "=" not in value:
+            parser.error(f"{option_string} expects key=value, got {value!r}")
+        key, raw = value.split("=", 1)
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed = raw
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), key: parsed})
+
+
+class NamedPaths(argparse.Action):
+    """NAME=PATH items into {name: path} (the name may hold '=', the path not)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        named = dict(getattr(namespace, self.dest) or {})
+        for item in values if isinstance(values, list) else [values]:
+            name, separator, path = item.rpartition("=")
+            if not separator or not name:
+                parser.error(f"{option_string} {item!r}: expected NAME=PATH")
+            named[name] = path
+        setattr(namespace, self.dest, named)
+
+
+class NamedGroups(argparse.Action):
+    """NAME=CLASS[,CLASS...] items into {name: [class, ...]}."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        name, separator, classes = value.partition("=")
+        listed = [c for c in classes.split(",") if c]
+        if not separator or not name or not listed:
+            parser.error(f"{option_string} {value!r}: expected NAME=CLASS[,CLASS...] naming at least one class")
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), name: listed})
+
+
 class DefaultsShown(argparse.HelpFormatter):
     """Every optional flag's help ends with its default, so `--help` alone tells what a bare call does. Prose is
     wrapped to the terminal; a paragraph with indented lines (the command listing, an example) is printed as
@@ -86,15 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--title", default="", help="figure title")
         p.add_argument("-o", "--out", nargs="+", required=True, help="output image(s): .png and/or .pdf")
 
-    def add(name, description):
-        return sub.add_parser(name, description=description, epilog=example_epilog(name),
-                              formatter_class=DefaultsShown)
+    def add(name, stage, description):
+        """One command, run by `stage` ("module.function" of dpmerge.stages): its parsed flags are handed to it by
+        name, so each flag's dest is the stage's keyword (tests/test_cli.py holds every command to that)."""
+        p = sub.add_parser(name, description=description, epilog=example_epilog(name), formatter_class=DefaultsShown)
+        p.set_defaults(stage=stage)
+        return p
 
     spec_help = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0", "trainable_blocks": 1}\''
 
-    p = add("prepare", "Load a task and cache the frozen trunk's features for it.")
+    p = add("prepare", "prepare.prepare", "Load a task and cache the frozen trunk's features for it.")
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--task", required=True, help="task name (see dpmerge.data.registry.TASKS)")
     p.add_argument("--max-train", type=int, default=0, help="cap on training examples (seeded subset; 0 = no cap)")
     p.add_argument("--max-test", type=int, default=0, help="cap on test examples (seeded subset; 0 = no cap)")
@@ -109,22 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold this fraction of the training subset out as the evaluation split and never read the "
                         "test split (the budget protocol; default: evaluate on the test split)")
 
-    p = add("zeroshot-head",
+    p = add("zeroshot-head", "prepare.zeroshot_head",
             "CLIP zero-shot head of one task: text embeddings of its class names in the task's prompt templates.")
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare' (for the class names)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", required=True, help="output .safetensors")
 
-    p = add("prepare-data",
+    p = add("prepare-data", "prepare.prepare_data",
             "Download one of the paper's datasets into the data directory in the layout 'prepare' reads (online).")
     p.add_argument("--task", required=True, help="a vision task (sun397, cars, ...) or a GLUE task (cola, ...)")
     p.add_argument("--data-dir", required=True,
                    help="directory of the paper's datasets (the config's data.dir); the dataset lands under it in "
                         "the layout 'prepare' reads (dpmerge/data/paper.py)")
 
-    p = add("make-standins",
+    p = add("make-standins", "prepare.make_standins",
             "Write a tiny random CLIP and RoBERTa and tiny copies of the 16 paper datasets in their real formats.")
     p.add_argument("--out", required=True, help="directory; gets clip/, roberta/ and data/")
     p.add_argument("--vision-classes", type=int, default=3, help="classes per stand-in vision dataset")
@@ -133,14 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=40, help="side of the stand-in images (before resizing)")
     p.add_argument("--seed", type=int, default=0, help="seed of the stand-ins' random weights and images")
 
-    p = add("pretrained", "Save the pretrained weights w0 of the trainable (merged) parameters.")
+    p = add("pretrained", "prepare.pretrained", "Save the pretrained weights w0 of the trainable (merged) parameters.")
+    p.set_defaults(threads=1)
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--out", required=True, help="output .safetensors")
 
-    p = add("finetune", "Fine-tune one task privately and release its task vector and head.")
+    p = add("finetune", "finetune.finetune", "Fine-tune one task privately and release its task vector and head.")
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
     p.add_argument("--method", required=True,
                    help=f"one of {METHOD_NAMES}; a sensitivity run's label such as dp_merging-rho0.1 or "
@@ -152,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repetition index, recorded in the release (default 0); the randomness comes from the "
                         "study key, not from this number")
     p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
-    p.add_argument("--hparams", default="{}",
+    p.add_argument("--hparams", default={}, type=json_object,
                    help="JSON of FinetuneConfig fields (epochs, batch_size, lr, neighbouring, rng, ...)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out-vector", required=True, help="task vector .safetensors")
@@ -163,18 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
 
-    p = add("audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box Dirac canaries "
+    p = add("audit", "audit.audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box Dirac canaries "
                      "(Steinke, Nasr & Jagielski, arXiv 2305.08846), the bound at 95 % confidence beside the "
                      "accountant's epsilon for the run; FAIL when the bound exceeds it. The run is never released.")
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--data", required=True, help="prepared task file from 'dpmerge prepare'")
     p.add_argument("--method", required=True, help=f"one of {METHOD_NAMES}")
     p.add_argument("--epsilon", type=float, default=None,
                    help="target epsilon of the audited mechanism, as for finetune; omitted for nonprivate")
     p.add_argument("--seed", type=int, default=0, help="repetition index of the audit run")
     p.add_argument("--study-key", required=True, help=STUDY_KEY_HELP)
-    p.add_argument("--hparams", default="{}", help="JSON of FinetuneConfig fields, as for finetune")
+    p.add_argument("--hparams", default={}, type=json_object, help="JSON of FinetuneConfig fields, as for finetune")
     p.add_argument("--kind", choices=("white_box", "black_box"), default="white_box",
                    help="white_box: Dirac gradient canaries in the DP step, scored on the task vector; black_box: "
                         "mislabeled held-out test examples in the training set, scored by the model's loss")
@@ -187,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--group", action="append", default=[], metavar="NAME=CLASS[,CLASS...]",
+    p.add_argument("--group", action=NamedGroups, dest="groups", default={}, metavar="NAME=CLASS[,CLASS...]",
                    help="black_box: also bound this group of classes' canaries alone (and the other classes' as "
                         "'rest'), e.g. grayscale=camera on photos (repeatable)")
     p.add_argument("--keep-run", default=None,
@@ -195,28 +252,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "coins, for 'dpmerge audit-merge'")
     p.add_argument("-o", "--out", required=True, help="the audit's row .parquet")
 
-    p = add("audit-report", "The audits' table (per backbone, method and target epsilon: the claim at the audit's "
+    p = add("audit-report", "audit.audit_report", "The audits' table (per backbone, method and target epsilon: the claim at the audit's "
                             "delta and the release group's pooled bound per kind, individual and merged) and figure "
                             "(bounds against claims, with the diagonal).")
-    p.add_argument("audits", nargs="+",
+    p.add_argument("audit_files", metavar="audits", nargs="+",
                    help="audit rows from 'dpmerge audit', 'dpmerge audit-merge' and 'dpmerge audit-pool'")
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
-    p = add("audit-merge", "Audit merged models: merge the kept audit runs of one release group (one per task, "
+    p = add("audit-merge", "audit.audit_merged", "Audit merged models: merge the kept audit runs of one release group (one per task, "
                            "'dpmerge audit --keep-run') and bound each task's epsilon from its canaries on the "
                            "merged model; FAIL when a bound exceeds the task's claim (merging is post-processing).")
     p.add_argument("runs", nargs="+", help="kept audit runs, one per task")
-    p.add_argument("--method", required=True, help="merge operator (see 'dpmerge merge --help')")
-    p.add_argument("--param", action="append", default=[], help="operator hyperparameter key=value (repeatable)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--method", dest="operator", required=True, help="merge operator (see 'dpmerge merge --help')")
+    p.add_argument("--param", action=KeyValues, dest="params", default={},
+                   help="operator hyperparameter key=value (repeatable)")
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--keep-scores", default=None,
                    help="private file (mode 0600) keeping every task's canary scores on the merged model with their "
                         "secret coins, for 'dpmerge audit-pool'")
     p.add_argument("-o", "--out", required=True, help="one row per task .parquet")
 
-    p = add("audit-pool", "One audit of a whole release group: the canaries of every kept run (its tasks and seeds) "
+    p = add("audit-pool", "audit.audit_pooled", "One audit of a whole release group: the canaries of every kept run (its tasks and seeds) "
                           "pooled into one bound, and per merge operator every task's canaries on the merged "
                           "models; independent runs, each private in its own canaries, are one valid audit with "
                           "the power of all their canaries. FAIL when a bound exceeds the largest claim.")
@@ -226,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kept merged scores ('dpmerge audit-merge --keep-scores') of those runs (default: none)")
     p.add_argument("-o", "--out", required=True, help="the pooled rows .parquet (individual, then per operator)")
 
-    p = add("mix", "A task's release at a target epsilon from its releases at other budgets, without training "
+    p = add("mix", "mix.mix", "A task's release at a target epsilon from its releases at other budgets, without training "
                    "(random selection, arXiv 2604.20985): release one component with probabilities that meet "
                    "(target, delta) by joint convexity, sum_i p_i delta_i(eps) <= delta, each delta_i(eps) from "
                    "its record's privacy loss distribution; the draw comes from the study key. Its epsilon holds "
@@ -244,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
 
-    p = add("combine", "A task's release at a target epsilon as a linear combination sum_i a_i w_i of independent "
+    p = add("combine", "mix.combine", "A task's release at a target epsilon as a linear combination sum_i a_i w_i of independent "
                        "repetitions of its release at one budget (task vectors and heads alike): post-processing "
                        "of releasing them all, so it spends their composition, which must meet the target. It "
                        "averages the components' independent noise down; it never reaches a budget below them.")
@@ -258,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
 
-    p = add("mix-report", "The mixing table (PREFIX.parquet, .md, .tex) and figure: merged models of mixtures "
+    p = add("mix-report", "mix.mix_report", "The mixing table (PREFIX.parquet, .md, .tex) and figure: merged models of mixtures "
                           "('dpmerge mix') beside merged models of releases trained at each budget; every "
                           "mixture's epsilon recomputed from its record.")
     p.add_argument("--mixed", nargs="+", required=True, help="the mixtures' merged scores (.parquet)")
@@ -271,12 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
-    p = add("noise-scale", "One release group's effective noise scale T = lr x D x sqrt(s_sample^2 + s_dp^2) per "
+    p = add("noise-scale", "noise_scale.noise_scale", "One release group's effective noise scale T = lr x D x sqrt(s_sample^2 + s_dp^2) per "
                            "task (diagnostics/noise_scale.py: s_dp = sigma C / B from the release's record, s_sample "
                            "from per-example gradients at the released model on the fixed test subsample, D the "
                            "growth AdamW's weight decay gives a scale-invariant weight's step), joined with the "
                            "group's individual and merged scores and loss barriers.")
-    p.add_argument("--backbone-spec", required=True, help="the backbone's spec (JSON, as the pipeline writes it)")
+    p.add_argument("--backbone-spec", required=True, type=json_object,
+                   help="the backbone's spec (JSON, as the pipeline writes it)")
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--task-vectors", nargs="+", required=True, help="the group's task vectors, one per task")
     p.add_argument("--heads", nargs="+", required=True, help="their heads, in the same order")
@@ -291,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test examples of the gradient-variance probe (default 64)")
     p.add_argument("-o", "--out", required=True, help="rows .parquet, one per task")
 
-    p = add("noise-report", "The effective-noise table (PREFIX.parquet, .md, .tex) and figure: every setting's merge "
+    p = add("noise-report", "noise_scale.noise_report", "The effective-noise table (PREFIX.parquet, .md, .tex) and figure: every setting's merge "
                             "success against T (mean over seeds, 95 % interval), with the best non-private "
                             "setting's T* marked; and the study's paired readings over seeds (PREFIX_readings.*).")
     p.add_argument("--rows", nargs="+", required=True, help="'dpmerge noise-scale' files")
@@ -301,16 +360,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())
-    p = add("merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")
+    p = add("merge", "merge.merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")
     p.add_argument("task_vectors", nargs="+", help="task vector .safetensors files")
-    p.add_argument("--method", required=True, help="merge operator name (listed above)")
+    p.add_argument("--method", dest="operator", required=True, help="merge operator name (listed above)")
     p.add_argument("--vectors", choices=["task", "difference"], default="task",
                    help="merge the task vectors tau_t, or the difference vectors tau_t - mean(tau) around the "
                         "weight average (the result is then the average plus the merged differences); default task")
     p.add_argument("--name", help="label of this merge in scores and tables (default: the method, with "
                                   "'_difference' appended for difference vectors)")
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors (from 'dpmerge pretrained')")
-    p.add_argument("--param", action="append", help="operator hyperparameter key=value (repeatable)")
+    p.add_argument("--param", action=KeyValues, dest="params", default={},
+                   help="operator hyperparameter key=value (repeatable)")
     p.add_argument("-o", "--out", required=True, help="merged model .safetensors")
 
     p.add_argument("--statistics", help="per-task data statistics for regmean / fisher (from 'dpmerge statistics')")
@@ -320,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-single", action="store_true",
                    help="accept one task vector (default: refuse, a merge of one is usually a mistaken glob)")
 
-    p = add("statistics",
+    p = add("statistics", "merge.statistics",
             "Per-task RegMean Gram matrices or Fisher diagonals of a release group's task models w0 + tau_t, the "
             "--statistics of 'dpmerge merge --method regmean' or 'fisher'. --source public reads a fixed subset of "
             "the training split of --public-data, a dataset you declare public: published and outside every "
@@ -345,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--public-data", help="public: the prepared file ('dpmerge prepare') of a dataset declared "
                                          "public, outside every private training set (a split held out of a "
                                          "private task is private)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--task-vectors", nargs="+", required=True,
                    help="the release group's task vectors (.safetensors), one per task, as the merge will read them")
@@ -355,8 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
 
-    p = add("evaluate", "Score every individual (w0 + tau_t) or merged model on every task's test set.")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p = add("evaluate", "evaluate.evaluate", "Score every individual (w0 + tau_t) or merged model on every task's test set.")
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--merged", help="merged model .safetensors (omit to evaluate the individual task vectors)")
     p.add_argument("--task-vectors", nargs="*", help="task vectors, one per task (individual evaluation)")
@@ -367,17 +427,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="output .parquet")
 
-    p = add("drift", "Reference drift ||w_t - w0|| / ||w0|| per task vector (paper Fig. 3b).")
+    p = add("drift", "diagnose.drift", "Reference drift ||w_t - w0|| / ||w0|| per task vector (paper Fig. 3b).")
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (.safetensors), one per task")
     p.add_argument("-o", "--out", required=True, help="output .parquet: each task's drift and their mean")
 
-    p = add("linearity",
+    p = add("linearity", "diagnose.linearity",
             "Joint-task loss linearity (Theorem C.8) per task pair: delta_{s,t}(alpha) = L_JTL(alpha w_s + "
             "(1 - alpha) w_t) - alpha L_JTL(w_s) - (1 - alpha) L_JTL(w_t), L_JTL = L_s + L_t, beside its bound "
             "1/2 alpha (1 - alpha) (lambda_s + lambda_t) ||w_s - w_t||^2 with lambda from a curvature file.")
     p.add_argument("--curvature", required=True, help="the release group's 'dpmerge curvature' file (lambda_max per task)")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
     p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (safetensors), one per task")
     p.add_argument("--heads", nargs="+", required=True, help="one head per task vector, same order")
@@ -389,9 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="output .parquet")
 
-    p = add("curvature",
+    p = add("curvature", "diagnose.curvature",
             "Per task: sharpness proxy, Hessian lambda_max (power iteration), merge gap and Theorem 5.2's bound.")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
     p.add_argument("--merged", required=True, help="merged model (safetensors) the gap is measured to")
     p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (safetensors), one per task")
@@ -408,8 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="output Parquet, one row per task")
 
-    p = add("interpolate", "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p = add("interpolate", "diagnose.interpolate", "Loss along (1-gamma) w_t + gamma w_merge per task (paper Fig. 2).")
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--merged", required=True, help="merged model .safetensors (gamma = 1)")
     p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors, one per task (gamma = 0)")
@@ -421,11 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True,
                    help="output .parquet: loss and score per task and gamma, with each task's barrier")
 
-    p = add("landscape",
+    p = add("landscape", "diagnose.landscape",
             "2-D loss landscape of a merged model (paper App. B.4, Figs. 4, 5): every task's test loss and their "
             "mean at w_merge + a d1 + b d2, on two filter-normalised random directions (Li et al. 2018) or on "
             "the plane of two task vectors.")
-    p.add_argument("--backbone-spec", required=True, help=spec_help)
+    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained top weights w0 (safetensors)")
     p.add_argument("--merged", required=True, help="merged model (safetensors): the centre (0, 0) of the plane")
     p.add_argument("--task-vectors", nargs="+",
@@ -448,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output Parquet: per grid point (a, b) one row per task and one of task 'mean'")
 
     kinds = "; ".join(f"{name} = {text}" for name, text in TABLE_KINDS.items())
-    p = add("table", f"A paper table (Parquet, Markdown, LaTeX, HTML) from evaluation files: {kinds}. "
+    p = add("table", "report.table", f"A paper table (Parquet, Markdown, LaTeX, HTML) from evaluation files: {kinds}. "
                      "Cells are means over seeds, with +- the standard deviation where there are several.")
     p.add_argument("scores", nargs="+", help="evaluation .parquet files ('dpmerge evaluate')")
     p.add_argument("--kind", choices=list(TABLE_KINDS), default="multitask", help="which table (see above)")
@@ -457,27 +517,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--caption", default="", help="caption written above the table")
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex, PREFIX.html")
 
-    p = add("plot-sharpness-drift",
+    p = add("plot-sharpness-drift", "report.plot_sharpness_drift",
             "Fig. 3: sharpness proxy and reference drift against epsilon, one line per method.")
     p.add_argument("--curvature", nargs="+", required=True, help="curvature .parquet files ('dpmerge curvature')")
     p.add_argument("--drift", nargs="+", required=True, help="drift .parquet files ('dpmerge drift')")
     add_figure_outputs(p)
 
-    p = add("plot-gap-bound",
+    p = add("plot-gap-bound", "report.plot_gap_bound",
             "Measured merge gap against Theorem 5.2's bound and Eq. (3)'s second-order estimate, per task model.")
     p.add_argument("curvature", nargs="+", help="curvature .parquet files ('dpmerge curvature')")
     add_figure_outputs(p)
 
-    p = add("plot-interpolation", "Figure of interpolation curves per task and method.")
+    p = add("plot-interpolation", "report.plot_interpolation", "Figure of interpolation curves per task and method.")
     p.add_argument("curves", nargs="+", help="interpolation .parquet files")
     add_figure_outputs(p)
 
-    p = add("plot-landscape",
+    p = add("plot-landscape", "report.plot_landscape",
             "Contour figure of loss landscapes (paper Figs. 4, 5): one panel per file, on one shared loss scale.")
     p.add_argument("landscapes", nargs="+", help="landscape .parquet files from 'dpmerge landscape', one per panel")
     add_figure_outputs(p)
 
-    p = add("ledger", "Collect and check the privacy records of all released task vectors.")
+    p = add("ledger", "ledger.ledger", "Collect and check the privacy records of all released task vectors.")
     p.add_argument("task_vectors", nargs="+",
                    help="released task vectors (.safetensors); their privacy records are read from the metadata")
     p.add_argument("-o", "--out", required=True, help="ledger .parquet")
@@ -490,23 +550,23 @@ def build_parser() -> argparse.ArgumentParser:
                                                "claim fails the check")
     p.add_argument("--audits-out", help="ledger of the audits .parquet")
 
-    p = add("answer", "The study's answer on one page (DP-Merging - DP per backbone and operator, the ablation, "
+    p = add("answer", "report.answer", "The study's answer on one page (DP-Merging - DP per backbone and operator, the ablation, "
                       "the ledger's verdict) as Markdown and as the report's front page (.rst).")
-    p.add_argument("--table1", nargs="+", required=True, metavar="SETTING=PARQUET",
+    p.add_argument("--table1", nargs="+", action=NamedPaths, dest="tables", required=True, metavar="SETTING=PARQUET",
                    help="Table 1 files, each named by its setting, e.g. 'effnet, eps = 4=results/tables/t.parquet'")
     p.add_argument("--ledger", required=True, help="the privacy ledger's verdict .json ('dpmerge ledger --check-out')")
-    p.add_argument("--link", nargs="*", default=[], help="files the page points to")
+    p.add_argument("--link", dest="links", nargs="*", default=[], help="files the page points to")
     p.add_argument("--description", help="reStructuredText appended to the report's front page")
     p.add_argument("--audit-table", default=None,
                    help="the audits' table .parquet ('dpmerge audit-report'), summed up in one line (default: none)")
     p.add_argument("--out-markdown", required=True, help="answer .md")
     p.add_argument("--out-rst", required=True, help="answer .rst (the report's front page)")
 
-    p = add("select-budget", "The training-budget protocol's choice: per backbone kind, the candidate whose private "
+    p = add("select-budget", "report.select_budget", "The training-budget protocol's choice: per backbone kind, the candidate whose private "
                              "methods' individual models score best on the validation split.")
-    p.add_argument("--table1", nargs="+", required=True, metavar="CANDIDATE=PARQUET",
+    p.add_argument("--table1", nargs="+", action=NamedPaths, dest="tables", required=True, metavar="CANDIDATE=PARQUET",
                    help="each candidate's Table 1 (scored on the validation split)")
-    p.add_argument("--candidates", required=True,
+    p.add_argument("--candidates", required=True, type=json_object,
                    help='JSON {candidate: {"kind": ..., "trainable_blocks": ..., "lr": ..., "epochs": ..., '
                         '"batch_size": ...}}')
     p.add_argument("--seeds", type=int, default=1, help="seeds behind each score (default: %(default)s)")

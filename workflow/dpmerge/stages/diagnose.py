@@ -10,6 +10,7 @@ Every model-based diagnostic scores each task with its own head on the same seed
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from dpmerge.runtime import compute_section, progress
@@ -76,6 +77,12 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
               gammas: list[float] = (0.0, 0.5, 1.0), max_examples: int = 64) -> None:
     """Per task model: sharpness proxy at radius `rho`, Hessian lambda_max by power iteration along the segment
     to the merged model (at `gammas`), the merge gap and Theorem 5.2's bound on it."""
+    if not rho > 0:
+        raise ValueError(f"--rho must be > 0, got {rho}")
+    if iterations < 1 or max_examples < 1:
+        raise ValueError(f"--iterations and --max-examples must be >= 1, got {iterations}, {max_examples}")
+    if not gammas or any(not 0 <= g <= 1 for g in gammas) or gammas[0] != 0:
+        raise ValueError(f"--gammas must start at 0 and lie in [0, 1], got {list(gammas)}")
     from dpmerge.artifacts import load_tensors
     from dpmerge.diagnostics.common import task_loss
     from dpmerge.diagnostics.curvature import merge_gap_bound, sharpness_proxy
@@ -115,6 +122,15 @@ def landscape(*, backbone_spec: dict, base: str, merged: str, heads: list[str], 
     `plane` "random": two filter-normalised random directions (seeds `seed`, `seed` + 1); "task_vectors": the
     first two task vectors. Each coordinate runs over `points` values in [-span, span].
     """
+    if points < 3:
+        raise ValueError(f"--points must be >= 3 (the merged model and both sides of it), got {points}")
+    if not (span > 0 and math.isfinite(span)):
+        raise ValueError(f"--span must be a finite number > 0, got {span}")
+    if max_examples < 1:
+        raise ValueError(f"--max-examples must be >= 1, got {max_examples}")
+    if plane == "task_vectors" and len(task_vectors or []) < 2:
+        raise ValueError(f"--plane task_vectors needs at least two --task-vectors (the first two span the plane), "
+                         f"got {len(task_vectors or [])}")
     import numpy as np
 
     from dpmerge.artifacts import load_tensors
@@ -175,11 +191,13 @@ def curvature_lambdas(path: str):
     return lambda_max, used
 
 
-def linearity(*, curvature: str, lambda_max, measured_on: set, backbone_spec: dict, base: str,
-              task_vectors: list[str], heads: list[str], data: list[str], out: str,
-              alphas: list[float] = (0.25, 0.5, 0.75), max_examples: int = 64) -> None:
-    """Joint-task loss linearity per task pair at each alpha, beside its bound with the per-task `lambda_max`
-    and subsample sizes `measured_on` that curvature_lambdas read from the file `curvature`."""
+def linearity(*, curvature: str, backbone_spec: dict, base: str, task_vectors: list[str], heads: list[str],
+              data: list[str], out: str, alphas: list[float] = (0.25, 0.5, 0.75), max_examples: int = 64) -> None:
+    """Joint-task loss linearity per task pair at each alpha, beside its bound with the per-task lambda_max and
+    subsample sizes read from the `dpmerge curvature` file `curvature` (curvature_lambdas)."""
+    if not alphas or any(not 0 < a < 1 for a in alphas):
+        raise ValueError(f"--alphas must lie strictly between 0 and 1, got {list(alphas)}")
+    lambda_max, measured_on = curvature_lambdas(curvature)
     import itertools
 
     from dpmerge.diagnostics.common import task_loss

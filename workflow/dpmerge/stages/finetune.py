@@ -9,18 +9,30 @@ from pathlib import Path
 from dpmerge.stages.common import log
 
 
-def finetune(*, backbone: str, backbone_spec: dict, data: str, method_label: str, method: str, hparams: dict,
+def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams: dict,
              epsilon: float | None, seed: int, study_key: str, out_vector: str, out_head: str,
              checkpoint: str | None = None, checkpoint_every: int = 10, zeroshot_head: str | None = None) -> None:
-    """Fine-tune the task in `data` with `method` (its sweep label `method_label`, recorded in the release) and
-    write its task vector and head.
+    """Fine-tune the task in `data` with `method`, a method's name or a sweep's label ('dp_merging-rho0.1',
+    recorded in the release; the value it names must be the one `hparams` gives), and write its task vector and
+    head.
 
     A backbone that classifies with frozen zero-shot heads needs `zeroshot_head`; other backbones train a fresh
     head. `checkpoint` is a resumable state file, removed when the run is done.
     """
     from dpmerge.artifacts import save_released
+    from dpmerge.methods import parse_label
     from dpmerge.training.finetune import finetune as train
 
+    method_label = method
+    try:
+        method, swept = parse_label(method_label)
+    except ValueError as error:
+        raise ValueError(f"--method: {error}") from None
+    for parameter, value in swept.items():
+        # A sweep's label and the settings it ran with must agree, or its tables would file it under a wrong value
+        if parameter not in hparams or float(hparams[parameter]) != value:
+            raise ValueError(f"--method {method_label} says {parameter} = {value:g}, but --hparams gives "
+                             f"{hparams.get(parameter, 'no value')}")
     prepared, network, config, head, key = training_inputs(
         backbone_spec=backbone_spec, data=data, method=method, hparams=hparams, epsilon=epsilon, seed=seed,
         study_key=study_key, zeroshot_head=zeroshot_head)

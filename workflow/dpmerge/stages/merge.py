@@ -274,6 +274,16 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
     """Per-task `kind` ("gram" or "fisher") statistics of each task model w0 + tau_t, from `source` "public"
     (a fixed subset of `public_data`, free) or "private" (a keyed Poisson sample of the task's own training
     data, clipped to `clip_norm` and noised for `epsilon`, composed with the task's fine-tuning budget)."""
+    if not (len(task_vectors) == len(heads) == len(data)):
+        raise ValueError("give one --task-vectors, --heads and --data file per task, in the same order")
+    if source == "private" and (clip_norm is None or epsilon is None or study_key is None):
+        raise ValueError("--source private needs --clip-norm, --epsilon (the statistic's own budget) and "
+                         "--study-key (its sampler and noise are keyed by the study's secret key)")
+    if source == "public" and not public_data:
+        raise ValueError("--source public needs --public-data: the prepared file ('dpmerge prepare') of a "
+                         "dataset declared public, outside every private training set")
+    if source == "private" and public_data:
+        raise ValueError("--public-data is read only with --source public")
     from dpmerge.artifacts import file_tensors_sha256, load_prepared, load_tensors, save_tensors
     from dpmerge.models.base import task_model_weights
     from dpmerge.models.spec import backbone_from_spec

@@ -17,7 +17,8 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
             max_test: int | None = None, data_seed: int = 0, data_dir: str | None = None, workers: int = 1,
             validation_fraction: float | None = None) -> None:
     """Load a task, run the frozen trunk once over it, save features and labels (artifacts.save_prepared).
-    With `validation_fraction` the evaluation split is held out of the training subset (data.loading)."""
+    With `validation_fraction` the evaluation split is held out of the training subset (data.loading).
+    `max_train`, `max_test`: caps on the seeded subsets (None or 0: no cap)."""
     from dpmerge.artifacts import save_prepared
     from dpmerge.data.loading import load_task
     from dpmerge.models.spec import backbone_from_spec
@@ -25,7 +26,8 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
     network = backbone_from_spec(backbone_spec)
     started = time.time()
     data = load_task(
-        task, image_size=int(backbone_spec.get("image_size", 64)), max_train=max_train, max_test=max_test,
+        task, image_size=int(backbone_spec.get("image_size", 64)), max_train=max_train or None,
+        max_test=max_test or None,
         seed=data_seed, data_dir=data_dir, workers=workers, validation_fraction=validation_fraction,
     )
     if data.spec.modality != network.modality:
