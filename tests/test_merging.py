@@ -128,7 +128,8 @@ ELEMENTWISE = ["weight_averaging", "task_arithmetic", "ties", "dare", "consensus
 @pytest.mark.parametrize("name", ELEMENTWISE)
 def test_every_elementwise_operator_of_identical_vectors_is_a_multiple_of_them(name):
     vector = {"w": torch.randn(4, 4, generator=torch.Generator().manual_seed(1))}
-    # DARE's masks differ per task by design; identical tasks are nowhere "task-specific" enough for TALL masks at lambda 0.6 (|v| > 0.6 |3v - v| never holds).
+    # DARE's masks differ per task by design; identical tasks are nowhere "task-specific" enough for TALL masks at
+    # lambda 0.6 (|v| > 0.6 |3v - v| never holds).
     hyper = {"dare": {"drop_rate": 0.0}, "consensus_ta": {"tall_mask_lambda": 0.4}}
     merged = merge(name, [vector, vector, vector], **hyper.get(name, {}))["w"]
     assert (merged != 0).any()
@@ -141,7 +142,8 @@ def random_vectors(count=3, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [
         {"layer.weight": torch.randn(6, 5, generator=generator), "layer.bias": torch.randn(6, generator=generator),
-         "norm.weight": torch.randn(6, generator=generator), "conv.weight": torch.randn(4, 3, 3, 3, generator=generator)}
+         "norm.weight": torch.randn(6, generator=generator),
+         "conv.weight": torch.randn(4, 3, 3, 3, generator=generator)}
         for _ in range(count)
     ]
 

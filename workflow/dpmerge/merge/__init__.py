@@ -1,1 +1,2 @@
-"""Data-free merging: tensor sources, streamed order statistics and the operators (pure tensor code: no data, no privacy)."""
+"""Data-free merging: tensor sources, streamed order statistics and the operators (pure tensor code: no data,
+no privacy)."""

@@ -1,15 +1,16 @@
 """Merge rules that also read per-task data statistics: RegMean (input Gram matrices) and Fisher merging
 (diagonal Fisher information). privacy/statistics.py computes the statistics, on public data or privatized.
 
-- RegMean: Jin et al., "Dataless Knowledge Fusion by Merging Weights of Language Models", arXiv 2212.09849
-  (ICLR 2023): per linear layer, the closed-form least-squares fit to every task model's outputs on its own
-  inputs (`regmean_solve`, its pseudo-inverse applied without forming it by `weighted_times_pinv`).
-- Fisher merging: Matena and Raffel, "Merging Models with Fisher-Weighted Averaging", arXiv 2111.09832
-  (NeurIPS 2022): per parameter, the Fisher-weighted mean; `normalization: reference` normalises as FusionBench's
-  method/fisher_merging/fisher_merging.py does (merge.registry.fisher says how the two differ).
+- RegMean: Jin et al., arXiv 2212.09849 (ICLR 2023): per linear layer, the closed-form least-squares fit to
+  every task model's outputs on its own inputs (`regmean_solve`, its pseudo-inverse applied without forming it
+  by `weighted_times_pinv`).
+- Fisher merging: Matena and Raffel, arXiv 2111.09832 (NeurIPS 2022): per parameter, the Fisher-weighted mean;
+  `normalization: reference` normalises as FusionBench's method/fisher_merging/fisher_merging.py does (its
+  kernel says how the two differ).
 
-Tensors that are not a linear layer's weight are averaged (merge/matrices.py). `IMPLEMENTATIONS` hands the rules
-to merge.registry, which pairs them with their defaults from merge.specs.
+Tensors that are not a linear layer's weight are averaged (merge/matrices.py). Each kernel's docstring states
+its operator's mathematics; `IMPLEMENTATIONS` hands them to merge.registry, which pairs them with their specs
+(merge.specs).
 """
 
 from __future__ import annotations
@@ -105,6 +106,14 @@ def weighted_times_pinv(operands: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _regmean_tensor(key, tensors, statistics, reduce_non_diagonal_ratio):
+    """RegMean (Jin et al., 2023, "Dataless Knowledge Fusion by Merging Weights of Language Models", arXiv
+    2212.09849): per linear layer, the weights minimising the summed squared output difference to every task
+    model on its own inputs, in closed form from the Gram matrices of those inputs; other tensors averaged.
+
+    Args:
+        grams: per task, {weight name: mean input Gram (in x in)} (privacy.statistics.gram_statistics).
+        reduce_non_diagonal_ratio: alpha scaling the Grams' off-diagonal entries (FusionBench: 0.95 for CLIP
+            vision models, 0.1 in its generic/language configuration)."""
     if key not in statistics.keys():  # not a linear layer's weight: averaged
         return mean_of(tensors)
     width = tensors[0].reshape(tensors[0].shape[0], -1).shape[1]
@@ -158,6 +167,20 @@ def _fisher_weight(fisher_tensor, dtype, index, per_task, minimal_fisher_weight,
 
 
 def _fisher_tensor(key, tensors, stats, normalize_fisher_weight, minimal_fisher_weight, normalization):
+    """Fisher merging (Matena and Raffel, 2022, "Merging Models with Fisher-Weighted Averaging", arXiv
+    2111.09832): per parameter, the Fisher-weighted mean sum_i F_i tau_i / sum_i F_i (= the weighted mean of
+    the fine-tuned weights, minus w0).
+
+    Args:
+        fishers: per task, {parameter name: diagonal Fisher} (privacy.statistics.fisher_statistics).
+        normalize_fisher_weight: divide each task's Fisher by its global L2 norm first (FusionBench default).
+        minimal_fisher_weight: m, added to every weight so coordinates no task informs are averaged.
+        normalization: where m enters when normalising. "ours": F_t / ||F_t|| + m (the floor is the same for
+            every task, so a task whose Fisher is all 0, i.e. that knows nothing, weighs least). "reference": as
+            merging_with_fisher_weights in FusionBench's method/fisher_merging/fisher_merging.py (from
+            MergeLM), (F_t + m) / (||F_t|| + m) up to a factor common to all tasks; a task whose Fisher is
+            all 0 then weighs m / m = 1 everywhere, more than any normalised informative entry. Without
+            normalising both are F_t + m."""
     statistics, per_task = stats
     numerator = torch.zeros_like(tensors[0])
     denominator = torch.zeros_like(tensors[0])

@@ -1,18 +1,16 @@
 """Merge rules that combine task vectors entry by entry: weight averaging, task arithmetic, TIES, DARE, PCB.
 
-- Weight averaging / model soups: Wortsman et al., "Model soups: averaging weights of multiple fine-tuned models
-  improves accuracy without increasing inference time", arXiv 2203.05482 (ICML 2022).
-- Task arithmetic: Ilharco et al., "Editing Models with Task Arithmetic", arXiv 2212.04089 (ICLR 2023).
-- TIES-Merging: Yadav et al., "TIES-Merging: Resolving Interference When Merging Models", arXiv 2306.01708
-  (NeurIPS 2023); its global top-k threshold is an exact streamed order statistic (merge/order_statistics.py).
-- DARE: Yu et al., "Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free
-  Lunch", arXiv 2311.03099 (ICML 2024), followed by task arithmetic.
-- PCB-merging: Du et al., "Parameter Competition Balancing for Model Merging", arXiv 2410.02396 (NeurIPS 2024),
-  as PCB_merge in its reference code, without the evolutionary search of per-task coefficients.
+- Weight averaging / model soups: Wortsman et al., arXiv 2203.05482 (ICML 2022).
+- Task arithmetic: Ilharco et al., arXiv 2212.04089 (ICLR 2023).
+- TIES-Merging: Yadav et al., arXiv 2306.01708 (NeurIPS 2023); its global top-k threshold is an exact streamed
+  order statistic (merge/order_statistics.py).
+- DARE: Yu et al., arXiv 2311.03099 (ICML 2024), followed by task arithmetic.
+- PCB-merging: Du et al., arXiv 2410.02396 (NeurIPS 2024), as PCB_merge in its reference code, without the
+  evolutionary search of per-task coefficients.
 
 Each rule is `<name>_tensor(key, tensors, stats, **hyper)`, after an optional `<name>_statistics(source,
-**hyper)` pass over whole task vectors; `IMPLEMENTATIONS` hands them to merge.registry, which pairs them with
-their defaults from merge.specs.
+**hyper)` pass over whole task vectors. Each kernel's docstring states its operator's mathematics;
+`IMPLEMENTATIONS` hands them to merge.registry, which pairs them with their specs (merge.specs).
 """
 
 from __future__ import annotations
@@ -36,10 +34,17 @@ from dpmerge.merge.sources import VectorSource, consume
 
 
 def _weight_averaging_tensor(key, tensors, stats):
+    """Weight averaging / model soups (Wortsman et al., 2022, "Model soups", arXiv 2203.05482):
+    w = mean_t w_t, i.e. tau = mean_t tau_t."""
     return torch.stack(tensors).mean(0)
 
 
 def _task_arithmetic_tensor(key, tensors, stats, scaling):
+    """Task arithmetic (Ilharco et al., 2023, "Editing Models with Task Arithmetic", arXiv 2212.04089):
+    tau = scaling * sum_t tau_t.
+
+    Args:
+        scaling: lambda; 0.3 is the paper's setting (App. B.3). scaling = 1/T reproduces weight averaging."""
     return scaling * sum_of(tensors)
 
 
@@ -99,6 +104,33 @@ def _ties_statistics(source: VectorSource, density, scaling, merge_func, topk_sc
 
 
 def _ties_tensor(key, tensors, stats, density, scaling, merge_func, topk_scope, trim, zero_sign):
+    """TIES-merging (Yadav et al., 2023, "TIES-Merging: Resolving Interference When Merging Models", arXiv
+    2306.01708): trim, elect sign, disjoint merge.
+
+    1. Trim: keep the top `density` fraction of each task vector's entries by magnitude.
+    2. Elect: per coordinate, the sign of the summed trimmed values (the sign carrying more mass).
+    3. Disjoint merge: combine only the entries that agree with the elected sign, then multiply by `scaling`.
+
+    Args:
+        density: fraction kept in the trim step (paper: 0.2, i.e. top 20%).
+        scaling: lambda applied to the merged vector. With merge_func="mean" the TIES paper's lambda = 1 is
+            the natural default; FusionBench/AdaMerging's CLIP convention is merge_func="sum" with 0.3.
+        merge_func: "mean" (mean over agreeing entries, the TIES paper's disjoint mean) or "sum".
+        topk_scope: "global" (threshold over the whole flattened task vector, as the TIES code does) or
+            "per_tensor" (threshold within each parameter tensor).
+        trim: how many entries the trim step keeps out of K. "round": round(density * K), the paper's "top k%"
+            (so density 0 keeps nothing and 1 everything; the code's extra entry comes from its rank arithmetic).
+            "reference": as topk_values_mask of the TIES code (prateeky2806/ties-merging
+            src/utils/merge_utils.py, the same in FusionBench's method/ties_merging/ties_merging_utils.py),
+            every entry with |v| >= the (K - int(density * K))-th smallest |v|: int(density * K) + 1 entries
+            when magnitudes are distinct, more on ties at the threshold, one even at density 0; density 1 is
+            refused (the reference's kthvalue(0) fails there).
+        zero_sign: where the trimmed values of an entry sum to exactly 0. "none": the paper's sgn(0) = 0
+            elects no sign and the entry merges to 0. "majority": as resolve_sign / resolve_zero_signs of the
+            TIES code, the entry takes the sign of the sum of every elected sign over the whole vector (one
+            extra read) and its disjoint merge keeps the values of that sign, the negative ones if that sum is
+            0 too.
+        trim="reference" with zero_sign="majority" and topk_scope="global" is the TIES code exactly."""
     thresholds, majority = stats
     thresholds = _task_thresholds(tensors, thresholds, density, trim)
     elected = _elected(tensors, thresholds)
@@ -126,6 +158,17 @@ def _ties_tensor(key, tensors, stats, density, scaling, merge_func, topk_scope, 
 
 
 def _dare_tensor(key, tensors, stats, drop_rate, scaling, seed):
+    """DARE (Yu et al., 2024, "Language Models are Super Mario", arXiv 2311.03099): drop and rescale, then task
+    arithmetic.
+
+    Each task vector entry is dropped with probability `drop_rate` and the survivors are rescaled by
+    1 / (1 - drop_rate), so each task vector is unchanged in expectation; the sparsified vectors are then
+    summed and scaled by `scaling` (task arithmetic's lambda). Masks are seeded per (seed, task, tensor).
+
+    Args:
+        drop_rate: p in [0, 1); p = 0 is plain task arithmetic.
+        scaling: lambda of the task-arithmetic sum (the same default as task_arithmetic's).
+        seed: seed of the drop masks."""
     # One task's rescaled survivors at a time, added into the sum: stacking T of them held two more copies of
     # the inputs at the streamed merge's peak (bench/merge_memory.py).
     total = torch.zeros_like(tensors[0])
@@ -188,6 +231,19 @@ def _pcb_statistics(source: VectorSource, ratio, scaling):
 
 
 def _pcb_tensor(key, tensors, stats, ratio, scaling):
+    """PCB-merging (Du et al., 2024, "Parameter Competition Balancing for Model Merging", arXiv 2410.02396), as
+    PCB_merge in its reference code.
+
+    Over each task vector flattened whole: clamp |tau| to its [1e-4, 1 - 1e-4] quantiles; score every entry by
+    intra-balance exp(T * norm(|tau|)^2) (its importance within the task) times inter-balance
+    tanh(tau_i * sum_j tau_j) (its agreement with the other tasks); keep the top `ratio` fraction of scores
+    per task (clamp below at the (1 - ratio) quantile) and min-max normalise them into weights; merge as the
+    weighted mean sum_i w_i tau_i / sum_i w_i, times `scaling`. Quantiles are exact, streamed.
+
+    Args:
+        ratio: fraction of entries per task that keep a non-zero weight (reference script: 0.05).
+        scaling: lambda (reference script: 1.2 for every task before its optional evolutionary search of
+            per-task coefficients on validation data, which a data-free merge cannot do)."""
     low, high, score_low, score_high = stats
     total = sum_of(tensors)
     numerator = torch.zeros_like(total)

@@ -5,15 +5,13 @@ A personalized rule returns (shared tensor, [parts of task t]); its layout `<nam
 **hyper)` gives each part's (dtype, shape) and `<name>_reconstruct(shared, parts, **hyper)` rebuilds task t's
 vector at evaluation (merge.registry stores the parts and calls these).
 
-- EMR-merging: Huang et al., "EMR-Merging: Tuning-Free High-Performance Model Merging", arXiv 2405.17461
-  (NeurIPS 2024): an elected unified vector, per task a mask and a rescaler. By default as the paper writes it;
-  `rescale: per_tensor` with `zero_sign: negative` is emr_merge of its code (harveyhuang18/EMR_Merging
-  merge_vit/src/main_emr_merging.py, the same in FusionBench's method/emr_merging/utils.py).
-- TALL masks and consensus task arithmetic: Wang et al., "Localizing Task Information for Improved Model
-  Merging and Compression", arXiv 2405.07813 (ICML 2024).
-- DTS: Guo et al., "Stay Unique, Stay Efficient: Preserving Model Personality in Multi-Task Merging", arXiv
-  2512.01461: per task a truncated SVD with 2-bit four-group codes (`dts_quantize` / `dts_dequantize`); DTS-T
-  on task vectors, DTS-D on difference vectors.
+- EMR-merging: Huang et al., arXiv 2405.17461 (NeurIPS 2024): an elected unified vector, per task a mask and a
+  rescaler. By default as the paper writes it; `rescale: per_tensor` with `zero_sign: negative` is emr_merge of
+  its code (harveyhuang18/EMR_Merging merge_vit/src/main_emr_merging.py, the same in FusionBench's
+  method/emr_merging/utils.py).
+- TALL masks and consensus task arithmetic: Wang et al., arXiv 2405.07813 (ICML 2024).
+- DTS: Guo et al., arXiv 2512.01461: per task a truncated SVD with 2-bit four-group codes (`dts_quantize` /
+  `dts_dequantize`); DTS-T on task vectors, DTS-D on difference vectors.
 """
 
 from __future__ import annotations
@@ -35,6 +33,16 @@ def tall_masks(tensors: list[torch.Tensor], tall_mask_lambda: float, summed: tor
 
 
 def _consensus_tensor(key, tensors, stats, scaling, tall_mask_lambda, min_agreement):
+    """Consensus task arithmetic (Wang et al., 2024, "Localizing Task Information for Improved Model Merging
+    and Compression", arXiv 2405.07813): task arithmetic restricted to the entries that at least
+    `min_agreement` tasks' TALL masks select (k = 2 in the paper), removing "selfish" (one task) and
+    "catastrophic" (no task) weights.
+
+    Args:
+        scaling: task arithmetic's lambda (the same default as task_arithmetic's).
+        tall_mask_lambda: the TALL mask threshold (the paper picks it per task on validation data from
+            {0.2, ..., 0.6}; data-free, one value for all, FusionBench's TALL default 0.6).
+        min_agreement: k."""
     summed = sum_of(tensors)
     agreement = torch.zeros(summed.shape, dtype=torch.int32)
     for mask in tall_masks(tensors, tall_mask_lambda, summed):  # one task's temporaries at a time

@@ -2,31 +2,11 @@
 per-task data statistic it reads, which vectors it is defined on, whether it gives one model per task, and the
 paper it comes from.
 
-The implementations (merge.registry.OPERATORS) take their defaults from here, and so do the public one-call
-functions (merge.registry.ties(...), ...); the config check, the Snakefile and `dpmerge merge --help` can read
-this table without importing torch or numpy (this module imports only the standard library).
-
-Papers, by operator (title, arXiv id):
-- weight_averaging: Wortsman et al., "Model soups: averaging weights of multiple fine-tuned models improves
-  accuracy without increasing inference time", arXiv 2203.05482.
-- task_arithmetic: Ilharco et al., "Editing Models with Task Arithmetic", arXiv 2212.04089.
-- ties: Yadav et al., "TIES-Merging: Resolving Interference When Merging Models", arXiv 2306.01708.
-- dare: Yu et al., "Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free
-  Lunch", arXiv 2311.03099.
-- pcb: Du et al., "Parameter Competition Balancing for Model Merging", arXiv 2410.02396.
-- wudi: Cheng et al., "Whoever Started the Interference Should End It: Guiding Data-Free Model Merging via Task
-  Vectors", arXiv 2503.08099.
-- tsv_m: Gargiulo et al., "Task Singular Vectors: Reducing Task Interference in Model Merging", arXiv
-  2412.00081.
-- iso_c, iso_cts: Marczak et al., "No Task Left Behind: Isotropic Model Merging with Common and Task-Specific
-  Subspaces", arXiv 2502.04959.
-- regmean: Jin et al., "Dataless Knowledge Fusion by Merging Weights of Language Models", arXiv 2212.09849.
-- fisher: Matena and Raffel, "Merging Models with Fisher-Weighted Averaging", arXiv 2111.09832.
-- emr: Huang et al., "EMR-Merging: Tuning-Free High-Performance Model Merging", arXiv 2405.17461.
-- tall_masks, consensus_ta: Wang et al., "Localizing Task Information for Improved Model Merging and
-  Compression", arXiv 2405.07813.
-- dts: Guo et al., "Stay Unique, Stay Efficient: Preserving Model Personality in Multi-Task Merging", arXiv
-  2512.01461.
+The implementations (merge.registry.OPERATORS: each kernel, with its mathematics in its docstring, in a family
+module) take their defaults from here, and so do the one-call functions (merge.registry.ties(...), ...) made
+from the two; the config check, the Snakefile and `dpmerge merge --help` can read this table without importing
+torch or numpy (this module imports only the standard library).
+Each entry names its paper by title and arXiv id (`description`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
 """Merge rules on each weight matrix's geometry: WUDI-merging, TSV-M, Iso-C and Iso-CTS.
 
-- WUDI-merging: Cheng et al., "Whoever Started the Interference Should End It: Guiding Data-Free Model Merging
-  via Task Vectors", arXiv 2503.08099 (ICML 2025): Adam on the interference each task's own inputs see
-  (`wudi_solve`, with its gradient in closed form).
-- TSV-M: Gargiulo et al., "Task Singular Vectors: Reducing Task Interference in Model Merging", arXiv
-  2412.00081 (CVPR 2025): every task's top singular triplets, orthogonalised; a matrix too small to give
-  every task one is averaged, or zeroed as the reference code does (`short_matrices`, merge.registry.tsv_m).
-- Iso-C and Iso-CTS: Marczak et al., "No Task Left Behind: Isotropic Model Merging with Common and
-  Task-Specific Subspaces", arXiv 2502.04959 (ICML 2025): a flat singular spectrum over a common subspace,
-  with (CTS) every task's own directions outside it.
+- WUDI-merging: Cheng et al., arXiv 2503.08099 (ICML 2025): Adam on the interference each task's own inputs
+  see (`wudi_solve`, with its gradient in closed form).
+- TSV-M: Gargiulo et al., arXiv 2412.00081 (CVPR 2025): every task's top singular triplets, orthogonalised; a
+  matrix too small to give every task one is averaged, or zeroed as the reference code does (`short_matrices`).
+- Iso-C and Iso-CTS: Marczak et al., arXiv 2502.04959 (ICML 2025): a flat singular spectrum over a common
+  subspace, with (CTS) every task's own directions outside it.
 
-Tensors that are not weight matrices are averaged (merge/matrices.py). `IMPLEMENTATIONS` hands the rules to
-merge.registry, which pairs them with their defaults from merge.specs.
+Tensors that are not weight matrices are averaged (merge/matrices.py). Each kernel's docstring states its
+operator's mathematics; `IMPLEMENTATIONS` hands them to merge.registry, which pairs them with their specs
+(merge.specs).
 """
 
 from __future__ import annotations
@@ -87,6 +85,16 @@ def _adam_step(parameter, grad, exp_avg, exp_avg_sq, step: int, lr: float, betas
 
 
 def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
+    """WUDI-merging (Cheng et al., 2025, "Whoever Started the Interference Should End It", arXiv 2503.08099).
+
+    Per weight matrix, tau minimises sum_i ||(tau - tau_i) tau_i^T||_F^2 / ||tau_i||_F^2 (interference on the
+    inputs spanned by each task's own update) by Adam from tau = sum_i tau_i; other tensors are averaged.
+    Deterministic: no random component (start point and steps are fixed by the inputs).
+
+    Args:
+        iterations, lr: Adam steps and learning rate (reference code: 300, 1e-5).
+        scaling: applied to the merged vector (reference: 1).
+        include_conv: also treat convolution weights as (out, in*kh*kw) matrices (the reference has 2-D only)."""
     if matrix_view(tensors[0], include_conv) is None:
         return scaling * mean_of(tensors)
     shape, dtype = tensors[0].shape, tensors[0].dtype
@@ -98,6 +106,20 @@ def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
 
 
 def _tsvm_tensor(key, tensors, stats, scaling, include_conv, short_matrices):
+    """TSV-Merge (Gargiulo et al., 2025, "Task Singular Vectors", arXiv 2412.00081): per weight matrix keep each
+    task's top min(out, in) / T singular triplets, concatenate them, orthogonalise the left and right singular
+    vectors (polar factor, removing inter-task interference) and recombine; other tensors averaged; times
+    `scaling` (alpha, reference 1). `include_conv` as for wudi.
+
+    short_matrices: a matrix with fewer singular directions than tasks (min(out, in) < T, so each task's share
+    min(out, in) // T is 0). "average": averaged like a non-matrix tensor, so it still moves. "zero": as the
+    reference code (compute_and_sum_svd_mem_reduction in AntoAndGar/task_singular_vectors
+    src/utils/TSVM_utils.py and FusionBench's method/task_singular_vector/utils/TSVM_utils.py), whose
+    concatenation of zero triplets per task recombines to 0: the matrix keeps w0, dropping every task's
+    update there, which the paper does not ask for; averaging keeps it, as for other tensors. The original
+    code also averages every tensor whose name holds "text_projection" (CLIP's text projection), which we do
+    not single out; with include_conv=False and short_matrices="zero" we match FusionBench's TSVM without
+    exclude_keys (up to rounding: we compute in float32 where it keeps float64 inputs in float64)."""
     matrices = [matrix_view(t, include_conv) for t in tensors]
     if matrices[0] is None:
         return scaling * mean_of(tensors)
@@ -124,6 +146,10 @@ def _tsvm_tensor(key, tensors, stats, scaling, include_conv, short_matrices):
 
 
 def _iso_c_tensor(key, tensors, stats, scaling, include_conv):
+    """Iso-C (Marczak et al., 2025, "No Task Left Behind", arXiv 2502.04959): per weight matrix, the SVD of
+    sum_t tau_t with every singular value replaced by their mean (an isotropic spectrum); other tensors
+    averaged; times `scaling` (alpha; FusionBench default 1, the paper tunes it on validation data).
+    `include_conv` as for wudi."""
     summed = matrix_view(sum_of(tensors), include_conv)
     if summed is None:
         return scaling * mean_of(tensors)
@@ -133,6 +159,10 @@ def _iso_c_tensor(key, tensors, stats, scaling, include_conv):
 
 
 def _iso_cts_tensor(key, tensors, stats, scaling, common_space_fraction, include_conv):
+    """Iso-CTS (Marczak et al., 2025, arXiv 2502.04959): like Iso-C, but only `common_space_fraction` of the
+    directions come from the sum's top singular vectors; the rest are split equally between tasks, each filled
+    with that task's top directions outside the common subspace; then orthogonalised and given an isotropic
+    spectrum. `scaling` and `include_conv` as for iso_c."""
     matrices = [matrix_view(t, include_conv) for t in tensors]
     if matrices[0] is None:
         return scaling * mean_of(tensors)

@@ -82,16 +82,16 @@ def _merged_rows(network, w0: dict, tasks: list, model: dict, merged_meta: dict)
 def _personalized_rows(network, w0: dict, tasks: list, model: dict, merged_meta: dict, label: str) -> list[dict]:
     """Task t is served by its own model w0 + reconstruct(shared, parts of t) (the task is known at test time, as
     EMR, TALL masks and DTS assume); each model is scored on its own task only."""
-    from dpmerge.merge.registry import is_part, personal_vector
+    from dpmerge.merge.registry import is_part, resolve_merge
     from dpmerge.models.base import task_model_weights
 
+    merge = resolve_merge(merged_meta["operator"], **merged_meta["hyperparameters"])
     shared = {k: v - w0[k] for k, v in model.items() if not is_part(k)}
     parts = {k: v for k, v in model.items() if is_part(k)}
     order = merged_meta["tasks"]
     rows = []
     for head, meta, prepared in tasks:
-        vector = personal_vector(merged_meta["operator"], shared, parts, order.index(prepared["task"]),
-                                 **merged_meta["hyperparameters"])
+        vector = merge.personal_vector(shared, parts, order.index(prepared["task"]))
         network.load_top_state(task_model_weights(w0, vector))
         rows.append(_score(network, head, meta, prepared, label, "merged", "own model"))
     return rows

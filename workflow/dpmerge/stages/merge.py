@@ -40,20 +40,13 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     refused.
     """
     from dpmerge.artifacts import write_tensors_streaming
-    from dpmerge.merge.registry import (
-        NEEDS_STATISTICS,
-        OPERATORS,
-        is_part,
-        is_personalized,
-        merge_stream,
-        stored_layout,
-    )
+    from dpmerge.merge.registry import NEEDS_STATISTICS, is_part, resolve_merge
     from dpmerge.merge.sources import SafetensorsSource, check_same_structure
     from dpmerge.merge.storage import personalized_storage
     from dpmerge.models.base import task_model_weights
     from dpmerge.privacy.release import check_release_group, merged_release_budget
 
-    params = params or {}
+    plan = resolve_merge(operator, vectors, **(params or {}))  # checked now, before anything is read
     check_distinct_paths(task_vectors, allow_single)
     metas, recorded = merge_records(task_vectors, require_privacy_record)
     if recorded:
@@ -79,15 +72,13 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     source = SafetensorsSource(task_vectors, statistics_source)  # every vector has the first one's tensors...
     check_same_structure([base, task_vectors[0]], [w0.structure(), source.files[0].structure()])
     # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
-    # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model. merge_stream
-    # checks the operator and its hyperparameters now, before anything is read.
+    # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
     merged_model = (
         (key, merged if is_part(key) else model_tensor(key, merged))
-        for key, merged in merge_stream(operator, source, vectors, **params)
+        for key, merged in plan.stream(source)
     )
     merged_model = logged_tensors(merged_model, len(source.keys()), operator)
     name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
-    hyper = {**OPERATORS[operator].defaults, **params}  # merge_stream has refused unknown ones
     inputs = distinct_inputs(task_vectors)
     # named relative to the results folder, never by this machine's absolute paths (recorded_paths)
     files = [*task_vectors, base, *([statistics] if statistics else [])]
@@ -98,7 +89,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         "operator": operator,
         "merge_name": name,
         "vectors": vectors,
-        "hyperparameters": hyper,
+        "hyperparameters": plan.hyperparameters,
         "backbone": metas[0].get("backbone"),
         "method": metas[0].get("method"),
         "target_epsilon": metas[0].get("target_epsilon"),
@@ -116,16 +107,16 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         meta["statistics"] = {"path": named[statistics], "kind": statistics_meta["kind"],
                               "source": statistics_meta["source"], "records": statistics_meta["records"]}
     layout = {key: (w0.dtype(key), w0.shape(key)) for key in source.keys()}
-    if is_personalized(operator):
+    if plan.personalized:
         # One model per task at evaluation: the shared tensors (a loadable model) plus per-task parts.
-        meta["personalized"] = storage = personalized_storage(operator, layout, **params)
+        meta["personalized"] = storage = personalized_storage(plan, layout)
         extra, model = storage["extra_bits_per_task"], storage["model_bits"]
         log(f"[merge] {operator}: {extra / 8 / 2**20:.2f} MiB per task beside the shared model "
             f"({100 * extra / model:.1f} % of one model)")
-    layout = stored_layout(operator, layout, len(metas), **params)
+    layout = plan.stored_layout(layout, len(metas))
     with compute_section("merge (read, merge and write, streamed)", log):
         write_tensors_streaming(out, layout, merged_model, meta)  # a failure midway leaves no file
-    log(f"[merge] {name}: {operator} {hyper} of {vectors} vectors over {len(metas)} task vectors "
+    log(f"[merge] {name}: {operator} {plan.hyperparameters} of {vectors} vectors over {len(metas)} task vectors "
         f"(streamed) -> {out}")
 
 
