@@ -44,7 +44,7 @@ from dpmerge.openmp_wait import limit_spinning
 
 limit_spinning(os.environ)  # as `dpmerge` does, before torch loads libgomp: the steps timed are the pipeline's
 
-import torch  # noqa: E402
+import torch
 import torch.nn.functional as F
 
 from dpmerge import runtime

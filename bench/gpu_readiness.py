@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2000, help="synthetic training examples")
     parser.add_argument("--classes", type=int, default=10, help="classes of the synthetic task")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="precisions to time")
-    parser.add_argument("--methods", nargs="+", default=["nonprivate", "naive_dp", "dp_merging"], help="methods to time")
+    parser.add_argument("--methods", nargs="+", default=["nonprivate", "naive_dp", "dp_merging"],
+                        help="methods to time")
     parser.add_argument("--out", default="gpu_readiness.json", help="JSON file of the measurements")
     args = parser.parse_args()
 
@@ -90,7 +91,8 @@ def main() -> None:
             del backbone
     base = {r["precision"]: r["seconds_per_step"] for r in rows if r["method"] == "nonprivate"}
     for row in rows:
-        row["ratio_to_nonprivate"] = row["seconds_per_step"] / base[row["precision"]] if row["precision"] in base else None
+        row["ratio_to_nonprivate"] = (row["seconds_per_step"] / base[row["precision"]]
+                                      if row["precision"] in base else None)
     print(f"{'precision':9} {'method':11} {'steps':>5} {'s/step':>8} {'x nonpriv':>9} {'peak MiB':>9}")
     for row in rows:
         ratio = f"{row['ratio_to_nonprivate']:.2f}" if row["ratio_to_nonprivate"] else "-"

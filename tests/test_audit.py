@@ -181,7 +181,8 @@ def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tm
     key = study_key
     # a registered kind for the zero-shot-head lookup; the network itself is the wide top above
     args = ["audit", "--backbone", "toy", "--backbone-spec", '{"kind": "efficientnet_lite0"}',
-            "--data", str(tmp_path / "toy.pt"), "--method", "naive_dp", "--epsilon", "0.5", "--study-key", str(key), "--canaries", "2000",
+            "--data", str(tmp_path / "toy.pt"), "--method", "naive_dp", "--epsilon", "0.5", "--study-key", str(key),
+            "--canaries", "2000",
             "--audit-delta", "1e-5", "--hparams",
             '{"epochs": 8, "batch_size": 100, "lr": 0.01, "clip_norm": 1.0}']
     cli.main([*args, "-o", str(tmp_path / "honest.parquet")])
@@ -249,7 +250,8 @@ def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tm
     key = study_key
     rows = {}
     for method, epsilon in (("nonprivate", None), ("naive_dp", 1.0)):
-        rows[method] = audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=str(tmp_path / "toy.pt"),
+        rows[method] = audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"},
+                             data=str(tmp_path / "toy.pt"),
                              method=method, hparams={"epochs": 30, "batch_size": 100, "lr": 0.03, "clip_norm": 1.0},
                              epsilon=epsilon, seed=0, study_key=str(key), out=str(tmp_path / f"{method}.parquet"),
                              canaries=400, kind="black_box")
@@ -473,7 +475,8 @@ def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_it
     backbone = wide[0]
     key = study_key
     out = tmp_path / "grouped.parquet"
-    audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=prepared_task(tmp_path, "toy", backbone, 3),
+    audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"},
+          data=prepared_task(tmp_path, "toy", backbone, 3),
           method="naive_dp", hparams={"epochs": 4, "batch_size": 100, "lr": 0.03, "clip_norm": 1.0}, epsilon=2.0,
           seed=0, study_key=str(key), out=str(out), canaries=300, kind="black_box", groups={"first": ["a", "b"]})
     rows = pd.read_parquet(out).set_index("group")

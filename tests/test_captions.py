@@ -15,7 +15,9 @@ def test_seeds_note():
     assert captions.seeds_note(3) == "mean ± std over 3 seeds, improvements as mean paired difference [95 % t-interval]"
 
 
-@pytest.mark.parametrize("n_seeds, note", [(1, "one seed"), (3, "mean ± std over 3 seeds, improvements as mean paired difference [95 % t-interval]")])
+@pytest.mark.parametrize("n_seeds, note", [(1, "one seed"),
+                                           (3, "mean ± std over 3 seeds, improvements as mean paired difference "
+                                               "[95 % t-interval]")])
 def test_table_captions(n_seeds, note):
     assert captions.multitask_table_caption(backbone="minilm", kind="minilm_l6", epsilon=4.0, n_seeds=n_seeds) == (
         f"Multi-task scores (0-100, each task's own metric) with minilm_l6 (minilm), epsilon = 4, {note}.")
@@ -55,7 +57,8 @@ def test_sensitivity_captions_of_tables_6_and_7():
                                               operator="ties_difference", backbone="minilm", kind="minilm_l6",
                                               epsilon=0.5, n_seeds=3) == (
         "Sensitivity of dp_anchor + TIES (difference vectors) to lambda with minilm_l6 (minilm), epsilon = 0.5, "
-        "rho at its configured value; scores 0-100, mean ± std over 3 seeds, improvements as mean paired difference [95 % t-interval].")
+        "rho at its configured value; scores 0-100, mean ± std over 3 seeds, improvements as mean paired difference "
+        "[95 % t-interval].")
 
 
 def test_figure_titles():

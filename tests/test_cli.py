@@ -403,7 +403,8 @@ def test_bad_task_vector_is_named_and_no_output_is_left(released, vector, messag
     save_released(bad, vector, record(), {"backbone": "toy", "task": "bad"})
     out = folder / "m.safetensors"
     with pytest.raises(SystemExit, match=re.escape(message)) as error:
-        main(["merge", "--method", "ties", "--base", str(folder / "w0.safetensors"), "-o", str(out), paths[0], str(bad)])
+        main(["merge", "--method", "ties", "--base", str(folder / "w0.safetensors"), "-o", str(out),
+              paths[0], str(bad)])
     assert str(bad) in str(error.value)
     assert not out.exists() and list(folder.glob("m.safetensors*")) == []
 

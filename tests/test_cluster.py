@@ -2,7 +2,8 @@
 
 One small config (EfficientNet, two tasks, DP-Merging, two merges, Table 1, the ledger) runs three times:
 uninterrupted under profiles/local (the reference); under profiles/local with SIGTERM sent to Snakemake's process
-group (Snakemake and the running fine-tunes) in the middle of the fine-tunes, then started again; and through profiles/slurm on a real single-node Slurm
+group (Snakemake and the running fine-tunes) in the middle of the fine-tunes, then started again; and through
+profiles/slurm on a real single-node Slurm
 (tests/slurm_node.py) with one fine-tune's job scancelled mid-way, which the profile's retries resubmit. Both
 interrupted runs must resume from the checkpoint and end bit-identical to the reference: the same task vectors,
 the same privacy records, the same merges, scores and tables. They start from a copy of the reference's study

@@ -1,6 +1,6 @@
-"""The Snakemake workflow catalog's conventions (issue 19): `snakemake --lint` and `snakefmt --check` find
-nothing, every rule deploys its conda env under `--sdm conda`, and the Pythons the package claims (3.11-3.13)
-compile its sources and build the workflow's DAG.
+"""The Snakemake workflow catalog's conventions (issue 19): `snakemake --lint`, `snakefmt --check` and
+`ruff check` find nothing, every rule deploys its conda env under `--sdm conda`, and the Pythons the package
+claims (3.11-3.13) compile its sources and build the workflow's DAG.
 
 Where conda is not installed, `--sdm conda` runs against tests/fake_conda.py: Snakemake's own deployment code
 runs (which env each job gets, the copy of the env file it hands conda, the environment it runs conda in), the
@@ -51,6 +51,13 @@ def test_snakefmt_would_change_nothing():
     result, output = run([sys.executable, "-m", "snakefmt", "--config", ROOT / "pyproject.toml", "--check",
                           "--compact-diff", *SNAKEFILES])
     assert result.returncode == 0, f"run `snakefmt Snakefile workflow/rules` to apply:\n{output}"
+
+
+def test_ruff_finds_nothing():
+    # [tool.ruff] in pyproject.toml: pyflakes, pycodestyle (120 columns) and import order over the package, the
+    # tests and the benchmarks
+    result, output = run([sys.executable, "-m", "ruff", "check", "--no-cache", ROOT])
+    assert result.returncode == 0, f"run `ruff check --fix` where it can, then fix the rest:\n{output}"
 
 
 @pytest.fixture

@@ -115,7 +115,8 @@ def test_dp_merging_update_without_noise_equals_hand_computed_sam_plus_anchor(to
     def noiseless_query(f, y):
         return [s / batch for s in clipped_gradient_sum(per_sample, f, y, clip)]
 
-    update = method_update(METHODS["dp_merging"], noiseless_query, params, anchors, features, labels, rho=rho, anchor_lambda=lam)
+    update = method_update(METHODS["dp_merging"], noiseless_query, params, anchors, features, labels, rho=rho,
+                           anchor_lambda=lam)
 
     # by hand: g at w; eps = rho g/||g||; h at w + eps on the same batch; h + 2 lam (w - w0)
     before = [p.detach().clone() for p in params]
@@ -152,7 +153,8 @@ def test_anchor_is_added_after_privatization_not_to_the_loss(toy_backbone, toy_d
         return privatized_gradient(per_sample, f, y, clip_norm=1e-9, noise_multiplier=0.0,
                                    expected_batch_size=16, noise=GeneratorStream(torch.Generator()))
 
-    update = method_update(METHODS["dp_anchor"], query, params, anchors, tuple(f[:16] for f in features), labels[:16], rho=0.0, anchor_lambda=lam)
+    update = method_update(METHODS["dp_anchor"], query, params, anchors, tuple(f[:16] for f in features), labels[:16],
+                           rho=0.0, anchor_lambda=lam)
     for u in update:
         assert torch.allclose(u, torch.full_like(u, -2 * lam), atol=1e-6)  # 2 lam (w - w0) with w0 = w + 1
 
@@ -214,7 +216,8 @@ def test_each_step_function_makes_as_many_queries_as_the_accountant_charges(name
         return [torch.ones_like(p) for p in params]
 
     before = [p.detach().clone() for p in params]
-    update = method_update(METHODS[name], query, params, [p.detach() - 1 for p in params], features, labels, rho=0.05, anchor_lambda=0.5)
+    update = method_update(METHODS[name], query, params, [p.detach() - 1 for p in params], features, labels,
+                           rho=0.05, anchor_lambda=0.5)
     assert calls == [labels.numel()] * METHODS[name].queries_per_step  # same batch every time
     anchored = METHODS[name].anchor
     assert all(torch.allclose(u, torch.full_like(u, 2.0 if anchored else 1.0)) for u in update)
@@ -362,7 +365,8 @@ def test_delta_up_to_one_over_n_is_accepted_and_above_it_refused(toy_backbone, t
     features, labels = toy_data
     for delta in (1 / 64, 1e-5):  # the default's 1/N, given explicitly, and a smaller one
         config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, epochs=0.25, delta=delta)
-        assert finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None).record["delta"] == delta
+        assert finetune(toy_backbone, 3, features, labels, config, **keyed(),
+                        log=lambda _: None).record["delta"] == delta
     config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, delta=1.5 / 64)
     with pytest.raises(ValueError, match=r"finetune.delta must be in \(0, 1/N\] = \(0, 0.015625\] for N = 64"):
         finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
@@ -422,7 +426,8 @@ def test_betas_from_a_json_list_become_a_tuple():
 def test_batch_larger_than_the_dataset_is_refused(toy_backbone, toy_data):
     features, labels = toy_data
     with pytest.raises(ValueError, match="batch_size 100 exceeds the 64 training examples"):
-        finetune(toy_backbone, 3, features, labels, FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=100),
+        finetune(toy_backbone, 3, features, labels,
+                 FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=100),
                  **keyed())
 
 

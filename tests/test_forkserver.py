@@ -59,8 +59,8 @@ def vectors(tmp_path):
     paths = []
     for index in range(2):
         path = tmp_path / f"tv{index}.safetensors"
-        save_released(path, {"w": torch.linspace(-1, 1, 64 * 64).view(64, 64) * (index + 1)}, record, {"backbone": "toy",
-                                                                                       "task": f"task{index}"})
+        save_released(path, {"w": torch.linspace(-1, 1, 64 * 64).view(64, 64) * (index + 1)}, record,
+                      {"backbone": "toy", "task": f"task{index}"})
         paths.append(str(path))
     return tmp_path, paths
 

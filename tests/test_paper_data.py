@@ -72,7 +72,8 @@ def test_registry():
     for name in PAPER_TASKS:
         info = TASKS[name]
         assert info.name == name
-        assert info.input_kind == ("image" if name in VISION_TASKS else "single" if name in ("cola", "sst2") else "pair")
+        assert info.input_kind == ("image" if name in VISION_TASKS
+                                   else "single" if name in ("cola", "sst2") else "pair")
         assert info.description and info.provenance and info.licence and info.layout
 
 
@@ -178,7 +179,8 @@ def test_torchvision_mnist_reads_the_standin(tmp_path):
     from torchvision import datasets as tv
 
     split = standin("mnist", tmp_path)
-    for refs, labels, train in ((split.train_refs, split.train_labels, True), (split.test_refs, split.test_labels, False)):
+    for refs, labels, train in ((split.train_refs, split.train_labels, True),
+                                (split.test_refs, split.test_labels, False)):
         theirs = tv.MNIST(tmp_path / "mnist", train=train)
         assert theirs.targets.numpy().tolist() == labels.tolist()
         assert np.array_equal(theirs.data.numpy(), np.asarray(paper_split._mnist_pixels(refs.path)))
@@ -254,7 +256,8 @@ def test_resisc45_reads_like_torchgeo(tmp_path):
     for wanted, part in ((train, "train"), (test, "test")):
         # torchgeo's RESISC45: an ImageFolder keeping the files whose base name the split file lists
         listed = set((tmp_path / "resisc45" / f"resisc45-{part}.txt").read_text().split())
-        theirs = ImageFolder(tmp_path / "resisc45" / "NWPU-RESISC45", is_valid_file=lambda p: p.split("/")[-1] in listed)
+        theirs = ImageFolder(tmp_path / "resisc45" / "NWPU-RESISC45",
+                             is_valid_file=lambda p: p.split("/")[-1] in listed)
         assert by_path(theirs.samples) == wanted
 
 
@@ -311,7 +314,8 @@ def test_split_file_naming_a_missing_image_is_named(name, remove, tmp_path):
     (tmp_path / remove).unlink()
     with pytest.raises(MissingDataError, match=remove.split("/")[-1]) as caught:
         read_split(name, tmp_path)
-    assert {"dtd": "test1.txt", "resisc45": "resisc45-test.txt", "gtsrb": "GT-final_test.csv"}[name] in str(caught.value)
+    assert {"dtd": "test1.txt", "resisc45": "resisc45-test.txt",
+            "gtsrb": "GT-final_test.csv"}[name] in str(caught.value)
 
 
 def test_malformed_files_are_named(tmp_path):

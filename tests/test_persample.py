@@ -46,7 +46,8 @@ def test_padding_tokens_get_no_embedding_gradient():
     model, make_batch = tiny_roberta()
     features, labels = make_batch(4, torch.Generator().manual_seed(2))
     clipper = BookKeepingClipper(model)
-    sums = dict(zip([n for n, p in model.named_parameters() if p.requires_grad], clipper.clipped_sum(features, labels, 1.0)))
+    sums = dict(zip([n for n, p in model.named_parameters() if p.requires_grad],
+                    clipper.clipped_sum(features, labels, 1.0)))
     pad = model.network.config.pad_token_id
     assert torch.equal(sums["network.roberta.embeddings.word_embeddings.weight"][pad], torch.zeros(32))
 

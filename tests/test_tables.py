@@ -106,7 +106,8 @@ def test_ablation_rows_appear_when_their_runs_exist():
     table = table1(pd.concat([frame, ablation])).mean
     assert "DP-Merging w/o flatness Individual" in table.index
     assert "DP-Merging w/o alignment + TIES" not in table.index  # no dp_sam runs
-    assert table.loc["DP-Merging w/o flatness + TIES", COLUMNS + [GAIN]].tolist() == pytest.approx([46.0, 56.0, 51.0, 1.0])
+    assert table.loc["DP-Merging w/o flatness + TIES", COLUMNS + [GAIN]].tolist() == pytest.approx(
+        [46.0, 56.0, 51.0, 1.0])
     assert list(table.index).index("DP-Merging w/o flatness + TIES") > list(table.index).index("  improvement (TIES)")
 
 
@@ -392,7 +393,8 @@ def test_normalized_average_is_blank_where_an_individual_model_scored_zero():
     """A collapsed individual model (score 0 on a task) leaves merged / individual undefined for that seed:
     blank, never infinite and never an average over the remaining tasks."""
     frame = scores()
-    individual = (frame["model"] == "individual") & (frame["method"] == "naive_dp") & (frame["task"] == frame["task"].iloc[0])
+    individual = ((frame["model"] == "individual") & (frame["method"] == "naive_dp")
+                  & (frame["task"] == frame["task"].iloc[0]))
     frame.loc[individual, "score"] = 0.0
     table = table1(frame)
     assert np.isnan(table.mean.loc["DP + TIES", NORMALIZED])

@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help="task name (see dpmerge.data.registry.TASKS)")
     p.add_argument("--max-train", type=int, default=0, help="cap on training examples (seeded subset; 0 = no cap)")
     p.add_argument("--max-test", type=int, default=0, help="cap on test examples (seeded subset; 0 = no cap)")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of the seeded subsets (the train/test split itself is fixed per task)")
+    p.add_argument("--data-seed", type=int, default=0,
+                   help="seed of the seeded subsets (the train/test split itself is fixed per task)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", required=True, help="output .pt file")
 
@@ -184,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Write a tiny random CLIP and RoBERTa and tiny copies of the 16 paper datasets in their real formats.")
     p.add_argument("--out", required=True, help="directory; gets clip/, roberta/ and data/")
     p.add_argument("--vision-classes", type=int, default=3, help="classes per stand-in vision dataset")
-    p.add_argument("--train-per-class", type=int, default=24, help="training examples per class of each stand-in dataset")
+    p.add_argument("--train-per-class", type=int, default=24,
+                   help="training examples per class of each stand-in dataset")
     p.add_argument("--test-per-class", type=int, default=8, help="test examples per class of each stand-in dataset")
     p.add_argument("--image-size", type=int, default=40, help="side of the stand-in images (before resizing)")
     p.add_argument("--seed", type=int, default=0, help="seed of the stand-ins' random weights and images")
@@ -214,13 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out-vector", required=True, help="task vector .safetensors")
     p.add_argument("--out-head", required=True, help="task head .safetensors")
-    p.add_argument("--checkpoint", help="resumable state file, kept outside the outputs (removed when done); without one a killed job starts over")
+    p.add_argument("--checkpoint", help="resumable state file, kept outside the outputs (removed when done); "
+                                        "without one a killed job starts over")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     # nargs="?": the workflow passes the flag with an empty value for backbones that train their heads
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
 
-    p = add("audit", "audit.audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box Dirac canaries "
+    p = add("audit", "audit.audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box "
+                                    "Dirac canaries "
                      "(Steinke, Nasr & Jagielski, arXiv 2305.08846), the bound at 95 % confidence beside the "
                      "accountant's epsilon for the run; FAIL when the bound exceeds it. The run is never released.")
     p.add_argument("--backbone", required=True, help="backbone name (as in the config)")
@@ -252,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "coins, for 'dpmerge audit-merge'")
     p.add_argument("-o", "--out", required=True, help="the audit's row .parquet")
 
-    p = add("audit-report", "audit.audit_report", "The audits' table (per backbone, method and target epsilon: the claim at the audit's "
+    p = add("audit-report", "audit.audit_report", "The audits' table (per backbone, method and target epsilon: "
+                                                  "the claim at the audit's "
                             "delta and the release group's pooled bound per kind, individual and merged) and figure "
                             "(bounds against claims, with the diagonal).")
     p.add_argument("audit_files", metavar="audits", nargs="+",
@@ -260,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
-    p = add("audit-merge", "audit.audit_merged", "Audit merged models: merge the kept audit runs of one release group (one per task, "
+    p = add("audit-merge", "audit.audit_merged", "Audit merged models: merge the kept audit runs of one release "
+                                                 "group (one per task, "
                            "'dpmerge audit --keep-run') and bound each task's epsilon from its canaries on the "
                            "merged model; FAIL when a bound exceeds the task's claim (merging is post-processing).")
     p.add_argument("runs", nargs="+", help="kept audit runs, one per task")
@@ -274,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "secret coins, for 'dpmerge audit-pool'")
     p.add_argument("-o", "--out", required=True, help="one row per task .parquet")
 
-    p = add("audit-pool", "audit.audit_pooled", "One audit of a whole release group: the canaries of every kept run (its tasks and seeds) "
+    p = add("audit-pool", "audit.audit_pooled", "One audit of a whole release group: the canaries of every kept "
+                                                "run (its tasks and seeds) "
                           "pooled into one bound, and per merge operator every task's canaries on the merged "
                           "models; independent runs, each private in its own canaries, are one valid audit with "
                           "the power of all their canaries. FAIL when a bound exceeds the largest claim.")
@@ -284,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kept merged scores ('dpmerge audit-merge --keep-scores') of those runs (default: none)")
     p.add_argument("-o", "--out", required=True, help="the pooled rows .parquet (individual, then per operator)")
 
-    p = add("mix", "mix.mix", "A task's release at a target epsilon from its releases at other budgets, without training "
+    p = add("mix", "mix.mix", "A task's release at a target epsilon from its releases at other budgets, "
+                              "without training "
                    "(random selection, arXiv 2604.20985): release one component with probabilities that meet "
                    "(target, delta) by joint convexity, sum_i p_i delta_i(eps) <= delta, each delta_i(eps) from "
                    "its record's privacy loss distribution; the draw comes from the study key. Its epsilon holds "
@@ -302,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
 
-    p = add("combine", "mix.combine", "A task's release at a target epsilon as a linear combination sum_i a_i w_i of independent "
+    p = add("combine", "mix.combine", "A task's release at a target epsilon as a linear combination sum_i a_i w_i "
+                                      "of independent "
                        "repetitions of its release at one budget (task vectors and heads alike): post-processing "
                        "of releasing them all, so it spends their composition, which must meet the target. It "
                        "averages the components' independent noise down; it never reaches a budget below them.")
@@ -316,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
 
-    p = add("mix-report", "mix.mix_report", "The mixing table (PREFIX.parquet, .md, .tex) and figure: merged models of mixtures "
+    p = add("mix-report", "mix.mix_report", "The mixing table (PREFIX.parquet, .md, .tex) and figure: merged "
+                                            "models of mixtures "
                           "('dpmerge mix') beside merged models of releases trained at each budget; every "
                           "mixture's epsilon recomputed from its record.")
     p.add_argument("--mixed", nargs="+", required=True, help="the mixtures' merged scores (.parquet)")
@@ -329,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
-    p = add("noise-scale", "noise_scale.noise_scale", "One release group's effective noise scale T = lr x D x sqrt(s_sample^2 + s_dp^2) per "
+    p = add("noise-scale", "noise_scale.noise_scale", "One release group's effective noise scale "
+                                                      "T = lr x D x sqrt(s_sample^2 + s_dp^2) per "
                            "task (diagnostics/noise_scale.py: s_dp = sigma C / B from the release's record, s_sample "
                            "from per-example gradients at the released model on the fixed test subsample, D the "
                            "growth AdamW's weight decay gives a scale-invariant weight's step), joined with the "
@@ -350,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test examples of the gradient-variance probe (default 64)")
     p.add_argument("-o", "--out", required=True, help="rows .parquet, one per task")
 
-    p = add("noise-report", "noise_scale.noise_report", "The effective-noise table (PREFIX.parquet, .md, .tex) and figure: every setting's merge "
+    p = add("noise-report", "noise_scale.noise_report", "The effective-noise table (PREFIX.parquet, .md, .tex) "
+                                                        "and figure: every setting's merge "
                             "success against T (mean over seeds, 95 % interval), with the best non-private "
                             "setting's T* marked; and the study's paired readings over seeds (PREFIX_readings.*).")
     p.add_argument("--rows", nargs="+", required=True, help="'dpmerge noise-scale' files")
@@ -415,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
 
-    p = add("evaluate", "evaluate.evaluate", "Score every individual (w0 + tau_t) or merged model on every task's test set.")
+    p = add("evaluate", "evaluate.evaluate",
+            "Score every individual (w0 + tau_t) or merged model on every task's test set.")
     p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
     p.add_argument("--merged", help="merged model .safetensors (omit to evaluate the individual task vectors)")
@@ -436,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Joint-task loss linearity (Theorem C.8) per task pair: delta_{s,t}(alpha) = L_JTL(alpha w_s + "
             "(1 - alpha) w_t) - alpha L_JTL(w_s) - (1 - alpha) L_JTL(w_t), L_JTL = L_s + L_t, beside its bound "
             "1/2 alpha (1 - alpha) (lambda_s + lambda_t) ||w_s - w_t||^2 with lambda from a curvature file.")
-    p.add_argument("--curvature", required=True, help="the release group's 'dpmerge curvature' file (lambda_max per task)")
+    p.add_argument("--curvature", required=True,
+                   help="the release group's 'dpmerge curvature' file (lambda_max per task)")
     p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
     p.add_argument("--base", required=True, help="pretrained top weights (safetensors)")
     p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (safetensors), one per task")
@@ -550,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "claim fails the check")
     p.add_argument("--audits-out", help="ledger of the audits .parquet")
 
-    p = add("answer", "report.answer", "The study's answer on one page (DP-Merging - DP per backbone and operator, the ablation, "
+    p = add("answer", "report.answer", "The study's answer on one page (DP-Merging - DP per backbone and "
+                                       "operator, the ablation, "
                       "the ledger's verdict) as Markdown and as the report's front page (.rst).")
     p.add_argument("--table1", nargs="+", action=NamedPaths, dest="tables", required=True, metavar="SETTING=PARQUET",
                    help="Table 1 files, each named by its setting, e.g. 'effnet, eps = 4=results/tables/t.parquet'")
@@ -562,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-markdown", required=True, help="answer .md")
     p.add_argument("--out-rst", required=True, help="answer .rst (the report's front page)")
 
-    p = add("select-budget", "report.select_budget", "The training-budget protocol's choice: per backbone kind, the candidate whose private "
+    p = add("select-budget", "report.select_budget", "The training-budget protocol's choice: per backbone kind, "
+                                                     "the candidate whose private "
                              "methods' individual models score best on the validation split.")
     p.add_argument("--table1", nargs="+", action=NamedPaths, dest="tables", required=True, metavar="CANDIDATE=PARQUET",
                    help="each candidate's Table 1 (scored on the validation split)")

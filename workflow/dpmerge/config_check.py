@@ -19,7 +19,7 @@ from dpmerge.epsilon import eps_label
 from dpmerge.merge.checks import check_hyperparameters
 from dpmerge.merge.specs import NEEDS_STATISTICS
 from dpmerge.merge.specs import SPECS as OPERATORS
-from dpmerge.methods import METHODS, SWEPT_PARAMETERS
+from dpmerge.methods import METHODS, PRIVATE_MERGED_METHODS, SWEPT_PARAMETERS
 from dpmerge.models.registry import BACKBONES
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas/config.schema.yaml"
@@ -57,6 +57,7 @@ def check_config(config: dict) -> None:
     except WorkflowError as error:
         raise ConfigError(schema_error(config, error)) from None
     _check_backbones(config)
+    _check_method_names(config)
     _check_privacy(config)
     _check_merges(config)
     _check_finetune_overrides(config)
@@ -237,7 +238,8 @@ def _check_backbones(config):
             raise ConfigError(f"backbones.{name}.model: kind open_clip needs an open_clip model name or config JSON")
         for task in backbone["tasks"]:
             if task not in TASKS:
-                raise ConfigError(f"backbones.{name}.tasks: unknown task {task!r}; known tasks: {', '.join(sorted(TASKS))}")
+                raise ConfigError(f"backbones.{name}.tasks: unknown task {task!r}; "
+                                  f"known tasks: {', '.join(sorted(TASKS))}")
             if TASKS[task].needs_data_dir and not config["data"].get("dir"):
                 raise ConfigError(f"backbones.{name}.tasks: {task!r} is read from a data directory; set data.dir "
                                   "(`dpmerge prepare-data --help` writes the expected layout)")
@@ -290,6 +292,27 @@ def _check_privacy(config):
         missing = [t for t in tasks if t not in public_n]
         if missing:
             raise ConfigError(f"privacy.public_n names no size for task(s) {', '.join(missing)}")
+
+
+def _check_method_names(config):
+    """Every method named is one of dpmerge/methods.py's, of the kind its field takes. The schema lists none, so
+    a method added there needs no edit anywhere else to be configured."""
+    def known(field: str, names, allowed, what: str) -> None:
+        for name in names:
+            if name not in allowed:
+                raise ConfigError(f"{field}: unknown method {name!r}; {what}: {', '.join(allowed)}")
+
+    known("methods", config["methods"], METHODS, "known methods")
+    known("diagnostics.landscape.methods", config["diagnostics"]["landscape"]["methods"], METHODS, "known methods")
+    sweeps = config.get("sweeps") or {}
+    if "epsilon" in sweeps:
+        known("sweeps.epsilon.methods", sweeps["epsilon"]["methods"], PRIVATE_MERGED_METHODS,
+              "private methods that release a task vector")
+    for parameter in ("rho", "anchor_lambda"):
+        if parameter in sweeps:
+            known(f"sweeps.{parameter}.method", [sweeps[parameter]["method"]],
+                  [m for m, spec in METHODS.items() if parameter in spec.hyperparameters],
+                  f"methods that take {parameter}")
 
 
 def _check_merges(config):

@@ -158,7 +158,8 @@ class OpenCLIPViT(Backbone):
     # ----------------------------------------------------------------------------------------- data path
 
     def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
-        """Images [N, 3, S, S] at the tower's resolution: uint8 (kept compact; the top normalises) or float in [0, 1]."""
+        """Images [N, 3, S, S] at the tower's resolution: uint8 (kept compact; the top normalises) or float in
+        [0, 1]."""
         images = torch.as_tensor(inputs)
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"expected images [N,3,H,W], got shape {tuple(images.shape)}")

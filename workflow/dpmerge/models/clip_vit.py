@@ -237,7 +237,8 @@ def _embedding_of(table: torch.Tensor, requires_grad: bool) -> nn.Embedding:
 
 
 def _plain_norm(norm: nn.Module) -> nn.Module:
-    """open_clip's LayerNorm subclasses -> nn.LayerNorm (training/persample.py and Opacus match layer rules by exact type)."""
+    """open_clip's LayerNorm subclasses -> nn.LayerNorm (training/persample.py and Opacus match layer rules by
+    exact type)."""
     if isinstance(norm, nn.Identity):
         return nn.Identity()
     if not isinstance(norm, nn.LayerNorm):

@@ -1,4 +1,5 @@
-"""Evaluation of individual and merged models on cached trunk features, each task scored by its metric (dpmerge/metrics.py).
+"""Evaluation of individual and merged models on cached trunk features, each task scored by its metric
+(dpmerge/metrics.py).
 
 Scores are reported on a 0-100 scale with each task's own metric, as GLUE tables do: accuracy, Matthews
 correlation (CoLA), binary F1, the mean of binary F1 and accuracy (MRPC, QQP: GLUE reports both and its score

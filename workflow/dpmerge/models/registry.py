@@ -52,7 +52,8 @@ BACKBONES: dict[str, BackboneInfo] = {
     **{
         kind: BackboneInfo(
             kind=kind, modality="vision",
-            description=f"CLIP {label} image encoder (open_clip, OpenAI weights), zero-shot heads from its text encoder",
+            description=f"CLIP {label} image encoder (open_clip, OpenAI weights), "
+                        "zero-shot heads from its text encoder",
             provenance="open_clip 'openai' pretrained tag (OpenAI CLIP, Radford et al. 2021), or a local checkpoint",
             licence="MIT (OpenAI CLIP weights)",
             options=("trainable_blocks", "image_size", "checkpoint", "pretrained", "cache_dir"),
@@ -73,7 +74,8 @@ BACKBONES: dict[str, BackboneInfo] = {
         kind: BackboneInfo(
             kind=kind, modality="text",
             description=f"RoBERTa-{size} encoder (transformers), per-task RobertaClassificationHead-shaped heads",
-            provenance=f"Hugging Face FacebookAI/roberta-{size} (Liu et al. 2019), or a local save_pretrained directory",
+            provenance=f"Hugging Face FacebookAI/roberta-{size} (Liu et al. 2019), "
+                       "or a local save_pretrained directory",
             licence="MIT (fairseq RoBERTa weights)",
             options=("trainable_blocks", "max_length", "checkpoint", "cache_dir"),
             implementation="dpmerge.models.roberta:RoBERTa",

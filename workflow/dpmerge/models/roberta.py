@@ -70,7 +70,8 @@ class RoBERTa(TextEncoder):
                                     "save_pretrained writes)")
         weights = next((model_dir / name for name in WEIGHT_FILES if (model_dir / name).is_file()), None)
         if weights is None:
-            raise FileNotFoundError(f"RoBERTa weights not found in {model_dir}: expected one of {', '.join(WEIGHT_FILES)}")
+            raise FileNotFoundError(f"RoBERTa weights not found in {model_dir}: "
+                                    f"expected one of {', '.join(WEIGHT_FILES)}")
         self.checkpoint_path = weights
         # Dropout off (TextEncoder's docstring says why).
         config = AutoConfig.from_pretrained(model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

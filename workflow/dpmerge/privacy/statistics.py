@@ -212,7 +212,8 @@ def fisher_statistics(
         batch = tuple(f[start:start + batch_size].to(backbone.device) for f in features)
         with torch.no_grad():
             probabilities = torch.func.vmap(lambda *x: log_probs(trainable, *x).exp())(*batch)  # (B, classes)
-        contribution = {name: torch.zeros((batch[0].shape[0], *p.shape), device=p.device) for name, p in trainable.items()}
+        contribution = {name: torch.zeros((batch[0].shape[0], *p.shape), device=p.device)
+                        for name, p in trainable.items()}
         for label in range(probabilities.shape[1]):
             grads = per_example_gradient(trainable, label, *batch)
             weight = probabilities[:, label]

@@ -26,7 +26,8 @@ from dpmerge.report.tables import t_interval
 
 COLUMNS = {"backbone": "backbone", "method": "method", "target_epsilon": "target eps", "release": "release",
            "mixture_epsilon": "eps (recomputed)", "components": "budgets mixed",
-           "p_largest": "P(largest budget)", "mixed_score": "merged, mixed", "trained_score": "merged, trained at target",
+           "p_largest": "P(largest budget)", "mixed_score": "merged, mixed",
+           "trained_score": "merged, trained at target",
            "difference": "mixed − trained", "versus_selection": "combination − selection",
            "combination_epsilon": "eps of a linear combination of all", "seeds": "seeds"}
 

@@ -108,7 +108,8 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
             rows.append({**release_identity(meta), "operator": merge_label(merged_meta),
                          "task": prepared["task"], "sharpness_rho": rho, "sharpness": sharpness, **gap,
                          "gammas": json.dumps(list(gammas)), "iterations": iterations, "num_examples": n})
-            log(f"[curvature] {prepared['task']}: sharpness {sharpness:.4g}, lambda_max {gap['lambda_max_at_task']:.4g}, "
+            log(f"[curvature] {prepared['task']}: sharpness {sharpness:.4g}, "
+                f"lambda_max {gap['lambda_max_at_task']:.4g}, "
                 f"merge gap {gap['merge_gap']:.4g} <= bound {gap['bound']:.4g} ({progress(done, len(tasks), started)})")
     write_parquet(rows, out)
 

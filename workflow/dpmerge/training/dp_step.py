@@ -12,7 +12,8 @@ previous step's privatized gradient, so each step makes one query instead of two
     g~_t  = g~(w_t + eps_t), one query; w <- AdamW(w, g~_t [+ 2*lambda*(w - w0)])
 
 The Poisson batch and the clipping factor are privacy/gaussian_mechanism.py's. The methods are one-line step
-functions (`STEPS`, called through method_update): nonprivate (plain gradient), naive_dp (Eq. 4), dp_merging (Eq. 4-7), dp_sam (w/o alignment:
+functions (`STEPS`, called through method_update): nonprivate (plain gradient), naive_dp (Eq. 4), dp_merging (Eq. 4-7),
+dp_sam (w/o alignment:
 lambda = 0), dp_anchor (w/o flatness: anchor on one query per step), dp_sat and dp_sat_anchor (DPSAT without
 and with the anchor). A step function receives the run's `memory` (a dict the loop keeps and checkpoints), where
 DPSAT keeps g~_{t-1}. Per-example clipped gradient sums come
