@@ -55,7 +55,8 @@ def child(mode: str, workdir: Path, spec: str, tasks: int, hyper: dict, fusion_b
     import torch  # noqa: F401
 
     from dpmerge import runtime
-    from dpmerge.merge.registry import NEEDS_STATISTICS, is_part
+    from dpmerge.merge.registry import is_part
+    from dpmerge.merge.specs import NEEDS_STATISTICS
 
     runtime.tune_allocator()  # as the CLI does, so both modes run with the same allocator
 
@@ -224,7 +225,8 @@ def main() -> None:
         stamp.write_text(json.dumps({"tasks": args.tasks, "numel": numel}))
     model_mib = numel * 4 / 2**20
     sys.path.insert(0, str(HERE.parent / "workflow"))
-    from dpmerge.merge.registry import NEEDS_STATISTICS, OPERATORS
+    from dpmerge.merge.registry import OPERATORS
+    from dpmerge.merge.specs import NEEDS_STATISTICS
 
     def run(mode, spec):
         params = json.dumps(hyper.get(spec.partition("@")[0], {}))

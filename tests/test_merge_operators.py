@@ -470,6 +470,47 @@ def test_schema_defaults_agree_with_the_spec_table():
         assert hyperparameters == {k: spec.defaults[k] for k in hyperparameters}, name
 
 
+
+def _doc_value(text: str):
+    text = text.strip()
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def test_the_operator_table_in_the_docs_agrees_with_the_spec_table():
+    """docs/merge-operators.md lists every operator once, in the spec table's order, with its paper and its
+    defaults as merge/specs.py states them: a new or changed operator that the docs miss fails here."""
+    from pathlib import Path
+
+    from dpmerge.merge.specs import SPECS
+
+    text = (Path(__file__).parents[1] / "docs/merge-operators.md").read_text()
+    start = text.index("| operator | paper (title, arXiv) | defaults | data | result |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("| `"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    assert [row[0].strip("`") for row in rows] == list(SPECS)
+    by_name = {row[0].strip("`"): row for row in rows}
+    for name, spec in SPECS.items():
+        _, paper, defaults, _, result = by_name[name]
+        if paper.startswith("the same paper as "):
+            same = [other for other in SPECS.values() if other.arxiv == spec.arxiv and other.name != name]
+            assert same, name
+        else:
+            assert spec.title in paper and f"arXiv {spec.arxiv}" in paper, name
+        documented = {} if defaults == "–" else {
+            item.split("`")[1]: _doc_value(item.split("`")[2]) for item in defaults.split(", ")}
+        assert documented == spec.defaults, name
+        assert ("one model per task" in result) == spec.personalized, name
+
 def test_the_spec_table_imports_neither_torch_nor_numpy():
     import os
     import subprocess

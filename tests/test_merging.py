@@ -7,7 +7,6 @@ from dpmerge.artifacts import file_tensors_sha256, save_tensors, tensors_sha256
 from dpmerge.merge.elementwise import _ties_thresholds
 from dpmerge.merge.order_statistics import top_magnitude_threshold
 from dpmerge.merge.registry import (
-    NEEDS_STATISTICS,
     OPERATORS,
     dare,
     merge,
@@ -17,6 +16,7 @@ from dpmerge.merge.registry import (
     weight_averaging,
 )
 from dpmerge.merge.sources import InMemorySource, SafetensorsSource, StatisticsSource
+from dpmerge.merge.specs import NEEDS_STATISTICS
 
 
 def tv(**tensors):

@@ -36,7 +36,6 @@ from dpmerge.merge import data_based, elementwise, personalized, spectral
 from dpmerge.merge.checks import check_hyperparameters
 from dpmerge.merge.sources import DifferenceSource, InMemorySource, TaskVector, VectorSource
 from dpmerge.merge.specs import (
-    NEEDS_STATISTICS,  # noqa: F401 - the CLI and the workflow read it from here
     SPECS,
     VECTOR_KINDS,
     OperatorSpec,

@@ -40,8 +40,9 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     refused.
     """
     from dpmerge.artifacts import write_tensors_streaming
-    from dpmerge.merge.registry import NEEDS_STATISTICS, is_part, resolve_merge
+    from dpmerge.merge.registry import is_part, resolve_merge
     from dpmerge.merge.sources import SafetensorsSource, check_same_structure
+    from dpmerge.merge.specs import NEEDS_STATISTICS
     from dpmerge.merge.storage import personalized_storage
     from dpmerge.models.base import task_model_weights
     from dpmerge.privacy.release import check_release_group, merged_release_budget
