@@ -18,11 +18,24 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import torch
 
 from dpmerge.artifacts import atomic_write
 from dpmerge.epsilon import epsilon_column_value
+from dpmerge.merge.registry import OPERATORS, is_personalized, merge
+from dpmerge.models.base import TaskModel, task_model_weights
+from dpmerge.models.losses import task_loss
+from dpmerge.models.spec import backbone_from_spec
+from dpmerge.privacy.audit import audit_scores, exposure_difference
+from dpmerge.privacy.audit_ledger import build_audit_ledger, claimed_epsilon
+from dpmerge.privacy.randomness import MechanismRandomness
+from dpmerge.report.audit import audit_summary, group_summary, plot_audit, write_audit_table
 from dpmerge.stages.common import log, write_parquet
+from dpmerge.stages.finetune import backbone_settings, training_inputs
+from dpmerge.training.canaries import InputCanaries, WhiteBoxAudit, dirac_scores
+from dpmerge.training.finetune import finetune as train
+from dpmerge.training.finetune import finetune_identity
 
 AUDIT_DELTA = 1e-5  # the delta the bound is stated at: its 2 m delta term must be small beside 1
 AUDIT_KINDS = ("white_box", "black_box")
@@ -38,14 +51,6 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     vector, head and canaries with their coins, for `audit_merged`. `groups` (black-box only): {name: class
     names}; each group's canaries (and the rest's) get a bound of their own, in rows beside the whole audit's
     (`group` "all"), e.g. whether a class with a spurious feature is more exposed."""
-    from dpmerge.privacy.audit import audit_scores
-    from dpmerge.privacy.audit_ledger import claimed_epsilon
-    from dpmerge.privacy.randomness import MechanismRandomness
-    from dpmerge.stages.finetune import backbone_settings, training_inputs
-    from dpmerge.training.canaries import WhiteBoxAudit
-    from dpmerge.training.finetune import finetune as train
-    from dpmerge.training.finetune import finetune_identity
-
     if kind not in AUDIT_KINDS:
         raise ValueError(f"--kind must be one of {', '.join(AUDIT_KINDS)}, got {kind!r}")
     if canaries < 2:
@@ -124,8 +129,6 @@ def group_rows(row: dict, groups: dict[str, list[str]], class_names: list[str], 
                audit_delta: float, confidence: float, claimed: float) -> list[dict]:
     """One row per group of classes and one for the remaining classes: the bound from that group's canaries
     alone (their coins are independent, so each is a valid bound; with fewer canaries it has less power)."""
-    from dpmerge.privacy.audit import audit_scores, exposure_difference
-
     masks, covered = [], set()
     for name, classes in groups.items():  # checked against class_names before the run
         covered |= set(classes)
@@ -154,10 +157,6 @@ def held_out_canaries(prepared: dict, count: int, num_classes: int, randomness, 
     split, so a canary is in the audit run's training set exactly when its coin says so). Examples of the
     `grouped` classes come first, up to half the canaries: a group audited alone needs every canary it can get,
     and the choice is made before any coin, so it biases no guess."""
-    import torch
-
-    from dpmerge.training.canaries import InputCanaries
-
     labels = prepared["test_labels"]
     available = int(labels.shape[0])
     if count > available:
@@ -175,9 +174,6 @@ def held_out_canaries(prepared: dict, count: int, num_classes: int, randomness, 
 def model_loss(network, w0: dict, vector: dict, head: dict):
     """Per-example loss of the model w0 + `vector` with `head`, as a function of a batch (features, labels); the
     shared network is back at w0 after each call."""
-    from dpmerge.models.base import TaskModel, task_model_weights
-    from dpmerge.models.losses import task_loss
-
     model = TaskModel.with_head(network, head)
 
     def loss(features, labels):
@@ -198,12 +194,6 @@ def audit_merged(*, runs: list[str], operator: str, params: dict, backbone_spec:
     and audit each task's canaries on the merged model, one Parquet row per task. Merging is post-processing, so
     a merged model's bound above its task's claim is a FAIL like an individual's. `keep_scores`: a private file
     (mode 0600) with every task's canary scores on the merged model and their coins, for `audit_pooled`."""
-    from dpmerge.merge.registry import OPERATORS, is_personalized, merge
-    from dpmerge.models.spec import backbone_from_spec
-    from dpmerge.privacy.audit import audit_scores
-    from dpmerge.privacy.audit_ledger import claimed_epsilon
-    from dpmerge.training.canaries import dirac_scores
-
     if operator not in OPERATORS or is_personalized(operator):
         raise ValueError(f"--method {operator!r}: an audit merges with a registered operator that makes one model")
     kept = [load_kept(path, "a kept audit run ('dpmerge audit --keep-run')") for path in runs]
@@ -264,9 +254,6 @@ def audit_pooled(*, runs: list[str], merged: list[str] = (), out: str) -> list[d
     and seeds) pooled into one bound, and per merge operator the canaries of every task on its merged models
     (`dpmerge audit-merge --keep-scores`) pooled likewise (privacy/audit.py: why pooling independent runs is one
     valid audit). The claim is the largest of the runs' claims; a bound above it is a FAIL."""
-    from dpmerge.privacy.audit import audit_scores
-    from dpmerge.privacy.audit_ledger import claimed_epsilon
-
     if not runs:
         raise ValueError("no kept audit runs to pool")
     kept = [load_kept(path, "a kept audit run ('dpmerge audit --keep-run')") for path in runs]
@@ -319,11 +306,6 @@ def audit_pooled(*, runs: list[str], merged: list[str] = (), out: str) -> list[d
 def audit_report(*, audit_files: list[str], out_prefix: str, figure: list[str]):
     """The audits' table (report/audit.py: PREFIX.parquet, .md, .tex) and figure, from the audit ledger's rows
     (each claim recomputed from its run's record)."""
-    import pandas as pd
-
-    from dpmerge.privacy.audit_ledger import build_audit_ledger
-    from dpmerge.report.audit import audit_summary, group_summary, plot_audit, write_audit_table
-
     audits = build_audit_ledger(audit_files)
     if not len(audits):
         raise ValueError("no audit rows in the given files")

@@ -5,8 +5,13 @@ row, Parquet output, and the diagnostics' fixed test subsample.
 
 from __future__ import annotations
 
+import os
+import sys
+
+import pandas as pd
 import torch
 
+from dpmerge.artifacts import atomic_write, check_privacy_record, load_prepared, load_tensors, tensors_sha256
 from dpmerge.epsilon import epsilon_column_value
 
 
@@ -17,8 +22,6 @@ def log(message: str) -> None:
 
 def warn(message: str) -> None:
     """What a user must see even when stdout goes to a log: on stderr."""
-    import sys
-
     print(f"dpmerge: warning: {message}", file=sys.stderr, flush=True)
 
 
@@ -28,8 +31,6 @@ def recorded_paths(paths: list[str], out: str | list[str]) -> list[str]:
     folder (`taskvectors/effnet/eps4/naive_dp/s0/digits.safetensors`). Never an absolute path: a release is
     copied and shared, and must not tell where this machine keeps it or whose account ran it. Files that share no
     folder but the file system's root are named relative to the working directory instead."""
-    import os
-
     written = [out] if isinstance(out, str) else list(out)
     absolute = [os.path.abspath(path) for path in [*paths, *written]]
     anchor = os.path.commonpath([os.path.dirname(path) for path in absolute])
@@ -40,8 +41,6 @@ def recorded_paths(paths: list[str], out: str | list[str]) -> list[str]:
 
 def read_task_vectors(paths: list[str]) -> tuple[list[dict], list[dict]]:
     """Task vectors and their metadata, each refused unless it carries its full privacy record."""
-    from dpmerge.artifacts import check_privacy_record, load_tensors
-
     vectors, metas = [], []
     for path in paths:
         tensors, meta = load_tensors(path)
@@ -97,8 +96,6 @@ def checked_w0(path: str, metas: list[dict] = (), vector_paths: list[str] = (), 
     the weights it was written as, the w0 every released vector (`metas`, from `vector_paths`) was trained
     from, and the base the merged model (`merged_meta`, from `merged_path`) was built on. The evaluation and
     diagnostics read w0 to rebuild w0 + tau: a wrong one would score a model no one released."""
-    from dpmerge.artifacts import load_tensors, tensors_sha256
-
     w0, w0_meta = load_tensors(path)
     for key, value in w0.items():
         if value.is_floating_point() and not torch.isfinite(value).all():
@@ -119,8 +116,6 @@ def checked_w0(path: str, metas: list[dict] = (), vector_paths: list[str] = (), 
 
 def load_heads_and_data(heads: list[str], data: list[str]) -> list[tuple[dict, dict, dict]]:
     """(head, head metadata, prepared task) per task, refusing a head of another task than its data."""
-    from dpmerge.artifacts import load_prepared, load_tensors
-
     if len(heads) != len(data):
         raise ValueError(f"{len(heads)} --heads but {len(data)} --data files; give one head per task")
     out = []
@@ -153,9 +148,7 @@ def merge_label(merged_meta: dict) -> str:
 
 
 def write_parquet(rows: list[dict], out: str) -> None:
-    import pandas as pd
 
-    from dpmerge.artifacts import atomic_write
 
     atomic_write(out, lambda tmp: pd.DataFrame(rows).to_parquet(tmp, index=False))
 

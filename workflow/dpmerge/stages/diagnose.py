@@ -9,10 +9,23 @@ Every model-based diagnostic scores each task with its own head on the same seed
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
 
+import numpy as np
+import pandas as pd
+
+from dpmerge.artifacts import load_tensors
+from dpmerge.diagnostics.common import task_loss
+from dpmerge.diagnostics.curvature import merge_gap_bound, sharpness_proxy
+from dpmerge.diagnostics.drift import reference_drift
+from dpmerge.diagnostics.interpolation import barrier_height, interpolation_curve
+from dpmerge.diagnostics.landscape import filter_normalized_direction, loss_landscape, task_vector_plane
+from dpmerge.diagnostics.linearity import joint_task_linearity
+from dpmerge.models.base import task_model_weights
+from dpmerge.models.spec import backbone_from_spec
 from dpmerge.runtime import compute_section, progress
 from dpmerge.stages.common import (
     checked_w0,
@@ -28,8 +41,6 @@ from dpmerge.stages.common import (
 
 def drift(*, base: str, task_vectors: list[str], out: str) -> None:
     """Reference drift ||w_t - w0|| / ||w0|| per task vector and its mean."""
-    from dpmerge.diagnostics.drift import reference_drift
-
     vectors, metas = read_task_vectors(task_vectors)
     w0 = checked_w0(base, metas, task_vectors)
     mean, per_task = reference_drift(w0, vectors)
@@ -41,12 +52,6 @@ def drift(*, base: str, task_vectors: list[str], out: str) -> None:
 def interpolate(*, backbone_spec: dict, base: str, merged: str, task_vectors: list[str], heads: list[str],
                 data: list[str], out: str, points: int = 11, max_examples: int = 200) -> None:
     """Loss and score along (1 - gamma) w_t + gamma w_merge at `points` gammas in [0, 1], and the barrier."""
-    import numpy as np
-
-    from dpmerge.artifacts import load_tensors
-    from dpmerge.diagnostics.interpolation import barrier_height, interpolation_curve
-    from dpmerge.models.spec import backbone_from_spec
-
     network = backbone_from_spec(backbone_spec)
     model, merged_meta = load_tensors(merged)
     vectors, metas = read_task_vectors(task_vectors)
@@ -83,11 +88,6 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
         raise ValueError(f"--iterations and --max-examples must be >= 1, got {iterations}, {max_examples}")
     if not gammas or any(not 0 <= g <= 1 for g in gammas) or gammas[0] != 0:
         raise ValueError(f"--gammas must start at 0 and lie in [0, 1], got {list(gammas)}")
-    from dpmerge.artifacts import load_tensors
-    from dpmerge.diagnostics.common import task_loss
-    from dpmerge.diagnostics.curvature import merge_gap_bound, sharpness_proxy
-    from dpmerge.models.base import task_model_weights
-    from dpmerge.models.spec import backbone_from_spec
 
     network = backbone_from_spec(backbone_spec)
     model, merged_meta = load_tensors(merged)
@@ -132,12 +132,7 @@ def landscape(*, backbone_spec: dict, base: str, merged: str, heads: list[str], 
     if plane == "task_vectors" and len(task_vectors or []) < 2:
         raise ValueError(f"--plane task_vectors needs at least two --task-vectors (the first two span the plane), "
                          f"got {len(task_vectors or [])}")
-    import numpy as np
 
-    from dpmerge.artifacts import load_tensors
-    from dpmerge.diagnostics.common import task_loss
-    from dpmerge.diagnostics.landscape import filter_normalized_direction, loss_landscape, task_vector_plane
-    from dpmerge.models.spec import backbone_from_spec
 
     started = time.time()
     network = backbone_from_spec(backbone_spec)
@@ -182,8 +177,6 @@ def landscape(*, backbone_spec: dict, base: str, merged: str, heads: list[str], 
 def curvature_lambdas(path: str):
     """lambda_max per task from a `dpmerge curvature` file, and the test subsample sizes it was measured on
     (empty for older files without them)."""
-    import pandas as pd
-
     table = pd.read_parquet(path)
     if "lambda_max_at_task" not in table.columns:
         raise ValueError(f"{path} has no lambda_max_at_task column; give a 'dpmerge curvature' file")
@@ -199,12 +192,7 @@ def linearity(*, curvature: str, backbone_spec: dict, base: str, task_vectors: l
     if not alphas or any(not 0 < a < 1 for a in alphas):
         raise ValueError(f"--alphas must lie strictly between 0 and 1, got {list(alphas)}")
     lambda_max, measured_on = curvature_lambdas(curvature)
-    import itertools
 
-    from dpmerge.diagnostics.common import task_loss
-    from dpmerge.diagnostics.linearity import joint_task_linearity
-    from dpmerge.models.base import task_model_weights
-    from dpmerge.models.spec import backbone_from_spec
 
     network = backbone_from_spec(backbone_spec)
     vectors, metas = read_task_vectors(task_vectors)

@@ -5,6 +5,11 @@ per-task models each on its own task).
 
 from __future__ import annotations
 
+from dpmerge.artifacts import load_tensors
+from dpmerge.merge.registry import is_part, is_personalized, resolve_merge
+from dpmerge.models.base import task_model_weights
+from dpmerge.models.evaluation import evaluate_head
+from dpmerge.models.spec import backbone_from_spec
 from dpmerge.runtime import compute_section
 from dpmerge.stages.common import (
     checked_w0,
@@ -22,9 +27,6 @@ def evaluate(*, backbone_spec: dict, base: str, heads: list[str], data: list[str
     """Score the model(s) on each task's test set with that task's head, one Parquet row per (model, task):
     the merged model if `merged` is given, otherwise each of `task_vectors` (one per head) on every task, or on
     its own task only with `own_task_only`."""
-    from dpmerge.artifacts import load_tensors
-    from dpmerge.models.spec import backbone_from_spec
-
     network = backbone_from_spec(backbone_spec)
     tasks = load_heads_and_data(heads, data)
     if not merged and len(task_vectors or []) != len(tasks):
@@ -43,8 +45,6 @@ def evaluate(*, backbone_spec: dict, base: str, heads: list[str], data: list[str
 
 def _score(network, head, meta: dict, prepared: dict, model_label: str, source_task: str, shown: str) -> dict:
     """One row: the loaded model with `head` on the prepared task's test set."""
-    from dpmerge.models.evaluation import evaluate_head
-
     result = evaluate_head(network, head, tuple(prepared["test_features"]), prepared["test_labels"],
                            prepared["task_spec"]["metric"])
     log(f"[evaluate] {model_label} ({shown}) on {prepared['task']}: "
@@ -57,7 +57,6 @@ def _individual_rows(network, w0: dict, tasks: list, vectors: list[dict], metas:
                      own_task_only: bool) -> list[dict]:
     # Every task model on every task (with that task's head): the diagonal is the "DP Individual" score,
     # the off-diagonal shows how far one task's encoder serves the others.
-    from dpmerge.models.base import task_model_weights
 
     rows = []
     for vector, vector_meta in zip(vectors, metas):
@@ -70,7 +69,6 @@ def _individual_rows(network, w0: dict, tasks: list, vectors: list[dict], metas:
 
 
 def _merged_rows(network, w0: dict, tasks: list, model: dict, merged_meta: dict) -> list[dict]:
-    from dpmerge.merge.registry import is_personalized
 
     label = merge_label(merged_meta)
     if is_personalized(merged_meta["operator"]):
@@ -82,9 +80,6 @@ def _merged_rows(network, w0: dict, tasks: list, model: dict, merged_meta: dict)
 def _personalized_rows(network, w0: dict, tasks: list, model: dict, merged_meta: dict, label: str) -> list[dict]:
     """Task t is served by its own model w0 + reconstruct(shared, parts of t) (the task is known at test time, as
     EMR, TALL masks and DTS assume); each model is scored on its own task only."""
-    from dpmerge.merge.registry import is_part, resolve_merge
-    from dpmerge.models.base import task_model_weights
-
     merge = resolve_merge(merged_meta["operator"], **merged_meta["hyperparameters"])
     shared = {k: v - w0[k] for k, v in model.items() if not is_part(k)}
     parts = {k: v for k, v in model.items() if is_part(k)}

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpmerge.artifacts import load_prepared, load_tensors, save_released
+from dpmerge.methods import parse_label
+from dpmerge.models.registry import BACKBONES
+from dpmerge.models.spec import backbone_from_spec
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
 from dpmerge.stages.common import log
+from dpmerge.training.finetune import FinetuneConfig
+from dpmerge.training.finetune import finetune as train
 
 
 def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams: dict,
@@ -19,10 +26,6 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hpar
     A backbone that classifies with frozen zero-shot heads needs `zeroshot_head`; other backbones train a fresh
     head. `checkpoint` is a resumable state file, removed when the run is done.
     """
-    from dpmerge.artifacts import save_released
-    from dpmerge.methods import parse_label
-    from dpmerge.training.finetune import finetune as train
-
     method_label = method
     try:
         method, swept = parse_label(method_label)
@@ -68,12 +71,6 @@ def training_inputs(*, backbone_spec: dict, data: str, method: str, hparams: dic
     """What a training run needs, each checked against the others: the prepared task, the backbone that prepared
     it, the run's settings, the frozen zero-shot head (when the backbone classifies with one) and the study key.
     Shared by the releases' fine-tunes and the audits' runs (stages/audit.py)."""
-    from dpmerge.artifacts import load_prepared, load_tensors
-    from dpmerge.models.registry import BACKBONES
-    from dpmerge.models.spec import backbone_from_spec
-    from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
-    from dpmerge.training.finetune import FinetuneConfig
-
     prepared = load_prepared(data)
     network = backbone_from_spec(backbone_spec)
     if prepared["pretrained_sha256"] != network.checkpoint_sha256:

@@ -4,8 +4,19 @@ statistic's, collected into Parquet tables and a report, and checked against the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from dpmerge.artifacts import atomic_write
+from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
+from dpmerge.privacy.ledger import (
+    build_ledger,
+    build_statistics_ledger,
+    check_ledger,
+    check_statistics,
+    ledger_check,
+    ledger_report,
+)
 from dpmerge.stages.common import log, recorded_paths
 
 
@@ -15,19 +26,6 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     """Write the ledger (and the statistics' ledger), the report and the check's verdict (`check_out`, JSON),
     then fail if any check failed: report and verdict are written either way, so a failed check can be read.
     Every table names its files relative to the results folder (`recorded_paths`), never by absolute paths."""
-    import json
-
-    from dpmerge.artifacts import atomic_write
-    from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
-    from dpmerge.privacy.ledger import (
-        build_ledger,
-        build_statistics_ledger,
-        check_ledger,
-        check_statistics,
-        ledger_check,
-        ledger_report,
-    )
-
     table = build_ledger(task_vectors)
     statistics_table = build_statistics_ledger(statistics or [])
     audit_table = build_audit_ledger(audits or [])

@@ -5,11 +5,33 @@ streamed tensor by tensor into w0 + merged vector).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
 
-from dpmerge.runtime import compute_section
+from dpmerge.artifacts import (
+    SafetensorsFile,
+    check_privacy_record,
+    file_tensors_sha256,
+    load_prepared,
+    load_tensors,
+    missing_privacy_fields,
+    read_metadata,
+    save_tensors,
+    write_tensors_streaming,
+)
+from dpmerge.epsilon import epsilon_value
+from dpmerge.merge.registry import is_part, resolve_merge
+from dpmerge.merge.sources import SafetensorsSource, StatisticsSource, check_same_structure
+from dpmerge.merge.specs import NEEDS_STATISTICS
+from dpmerge.merge.storage import personalized_storage
+from dpmerge.models.base import task_model_weights
+from dpmerge.models.spec import backbone_from_spec
+from dpmerge.privacy.release import check_public_dataset, check_release_group, merged_release_budget
+from dpmerge.privacy.statistics import fisher_statistics, gram_statistics, private_sample
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+from dpmerge.runtime import compute_section, progress
 from dpmerge.stages.common import (
     check_w0_content,
     check_w0_labels,
@@ -39,14 +61,6 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     way a path or a vector given twice, two vectors of one task and, unless `allow_single`, a lone vector are
     refused.
     """
-    from dpmerge.artifacts import write_tensors_streaming
-    from dpmerge.merge.registry import is_part, resolve_merge
-    from dpmerge.merge.sources import SafetensorsSource, check_same_structure
-    from dpmerge.merge.specs import NEEDS_STATISTICS
-    from dpmerge.merge.storage import personalized_storage
-    from dpmerge.models.base import task_model_weights
-    from dpmerge.privacy.release import check_release_group, merged_release_budget
-
     plan = resolve_merge(operator, vectors, **(params or {}))  # checked now, before anything is read
     check_distinct_paths(task_vectors, allow_single)
     metas, recorded = merge_records(task_vectors, require_privacy_record)
@@ -125,11 +139,6 @@ def logged_tensors(items, total: int, operator: str, every_seconds: float = 10.0
     """Pass (key, tensor) pairs through, logging how many of the `total` shared tensors are merged, with a rate and
     an ETA, at most every `every_seconds` and at the last one: iterative operators (WUDI's Adam per matrix) take
     minutes on a CLIP tower, and a silent job looks hung."""
-    import time
-
-    from dpmerge.merge.registry import is_part
-    from dpmerge.runtime import progress
-
     started = last = time.perf_counter()
     done = 0
     for key, tensor in items:
@@ -159,9 +168,6 @@ def check_distinct_paths(paths: list[str], allow_single: bool) -> None:
 def merge_records(paths: list[str], require_privacy_record: bool) -> tuple[list[dict], bool]:
     """Each vector's metadata and whether all of them are releases (full privacy records), checked as such:
     within budget, one vector per task. Without records (unless required) the merge goes on, warned."""
-    from dpmerge.artifacts import check_privacy_record, missing_privacy_fields, read_metadata
-    from dpmerge.epsilon import epsilon_value
-
     metas = [read_metadata(path) for path in paths]
     if require_privacy_record:
         for path, meta in zip(paths, metas):
@@ -193,8 +199,6 @@ def merge_records(paths: list[str], require_privacy_record: bool) -> tuple[list[
 def distinct_inputs(paths: list[str]) -> list[dict]:
     """Each input's path and content hash (recorded in the merged model), refusing the same tensors twice under
     two names: one task counted twice is not a merge of two tasks."""
-    from dpmerge.artifacts import file_tensors_sha256
-
     inputs, seen = [], {}
     for path in paths:
         digest = file_tensors_sha256(path)
@@ -221,8 +225,6 @@ def checked_base(path: str, metas: list[dict], vector_paths: list[str], strict: 
     sides have one; a vector without `w0_sha256` is let through with a warning, since nothing can say which
     weights it is a difference from. The file itself is checked in full either way.
     """
-    from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256
-
     w0 = SafetensorsFile(path)
     check_w0_labels(path, w0.metadata, metas, vector_paths, strict)
     content = file_tensors_sha256(path, finite=True)
@@ -233,9 +235,6 @@ def checked_base(path: str, metas: list[dict], vector_paths: list[str], strict: 
 def statistics_source_of(path: str, kind: str, metas: list[dict], vector_paths: list[str]):
     """The per-task statistics of a `dpmerge statistics` file, checked against the vectors being merged, and the
     file's metadata."""
-    from dpmerge.artifacts import SafetensorsFile, file_tensors_sha256
-    from dpmerge.merge.sources import StatisticsSource
-
     file = SafetensorsFile(path)
     meta = file.metadata
     if meta.get("artifact") != "merge_statistics" or meta.get("kind") != kind:
@@ -276,12 +275,6 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
                          "dataset declared public, outside every private training set")
     if source == "private" and public_data:
         raise ValueError("--public-data is read only with --source public")
-    from dpmerge.artifacts import file_tensors_sha256, load_prepared, load_tensors, save_tensors
-    from dpmerge.models.base import task_model_weights
-    from dpmerge.models.spec import backbone_from_spec
-    from dpmerge.privacy.release import check_public_dataset
-    from dpmerge.privacy.statistics import fisher_statistics, gram_statistics, private_sample
-    from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
 
     network = backbone_from_spec(backbone_spec)
     vectors, metas = read_task_vectors(task_vectors)

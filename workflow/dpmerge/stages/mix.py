@@ -9,6 +9,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
+import torch
+
+from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, read_metadata, save_released
+from dpmerge.privacy.accounting import accounted_size
+from dpmerge.privacy.mixing import check_components, combination_epsilon, mixture_record_epsilon, plan_selection
+from dpmerge.privacy.randomness import MechanismRandomness
+from dpmerge.privacy.release import checked_release_records
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+from dpmerge.report.mixing import mixing_summary, plot_mixing, write_mixing_table
 from dpmerge.stages.common import log
 
 # The record fields that must agree between a component's task vector and its head (one run's two files)
@@ -18,7 +29,6 @@ _RUN_FIELDS = ("method", "spent_epsilon", "noise_multiplier", "sample_rate", "st
 
 def _components(task_vectors: list[str], heads: list[str],
                 agree=("task", "backbone", "method", "seed")) -> list[dict]:
-    from dpmerge.privacy.release import checked_release_records
 
     if len(task_vectors) != len(heads):
         raise ValueError(f"give one head per task vector: {len(task_vectors)} task vectors, {len(heads)} heads")
@@ -53,12 +63,6 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
     """Release one of `task_vectors` (with its head) at `target_epsilon`: the selection's probabilities meet
     (target_epsilon, delta) with the largest expected utility (default utility: each component's budget), and
     the draw is secret. Returns the mixture's record entry."""
-    from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released
-    from dpmerge.privacy.accounting import accounted_size
-    from dpmerge.privacy.mixing import plan_selection
-    from dpmerge.privacy.randomness import MechanismRandomness
-    from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
-
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"--target-epsilon must be a positive number, got {target_epsilon}")
     records = _components(task_vectors, heads)
@@ -113,11 +117,6 @@ def combine(*, task_vectors: list[str], heads: list[str], target_epsilon: float,
     budget: post-processing of releasing them all, so it spends their composition, which must meet
     `target_epsilon` at the components' delta. Default weights: 1/k each. `seed` is the combination's own
     repetition index (its components' seeds are recorded). Returns the combination's record entry."""
-    import torch
-
-    from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released
-    from dpmerge.privacy.mixing import check_components, combination_epsilon
-
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"--target-epsilon must be a positive number, got {target_epsilon}")
     records = _components(task_vectors, heads, agree=("task", "backbone", "method", "target_epsilon"))
@@ -172,13 +171,6 @@ def mix_report(*, mixed: list[str], vectors: list[str], trained: list[str], out_
     """The mixing table and figure (report/mixing.py) from the mixtures' and combinations' merged scores and task
     vectors and the trained releases' merged scores; every release's epsilon recomputed from its record, and
     refused above its target."""
-    import numpy as np
-    import pandas as pd
-
-    from dpmerge.artifacts import read_metadata
-    from dpmerge.privacy.mixing import combination_epsilon, mixture_record_epsilon
-    from dpmerge.report.mixing import mixing_summary, plot_mixing, write_mixing_table
-
     rows = []
     for path, release in [*((p, "selection") for p in vectors), *((p, "combination") for p in combined_vectors)]:
         record = read_metadata(path)

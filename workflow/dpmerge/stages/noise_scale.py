@@ -9,6 +9,18 @@ from __future__ import annotations
 
 import time
 
+import pandas as pd
+
+from dpmerge.diagnostics.noise_scale import (
+    effective_noise,
+    mean_gradient_square,
+    per_example_gradient_moments,
+    sampling_noise_bound,
+)
+from dpmerge.models.base import TaskModel, task_model_weights
+from dpmerge.models.spec import backbone_from_spec
+from dpmerge.report.noise_readings import noise_readings, write_readings_table
+from dpmerge.report.noise_scale import group_summary, plot_noise_scale, setting_summary, write_noise_table
 from dpmerge.runtime import compute_section, progress
 from dpmerge.stages.common import (
     checked_w0,
@@ -26,8 +38,6 @@ SWEEPS = ("centre", "lr", "batch_size", "weight_decay", "epsilon")
 def _scores_by_task(path: str, model: str) -> dict[str, float]:
     """{task: score} of a task on its own model (individual) or on the merged model, from a `dpmerge evaluate`
     file."""
-    import pandas as pd
-
     table = pd.read_parquet(path)
     missing = {"model", "task", "score", "source_task"} - set(table.columns)
     if missing:
@@ -41,7 +51,6 @@ def _scores_by_task(path: str, model: str) -> dict[str, float]:
 
 
 def _barriers_by_task(path: str) -> dict[str, float]:
-    import pandas as pd
 
     table = pd.read_parquet(path)
     if not {"task", "barrier"} <= set(table.columns):
@@ -51,9 +60,6 @@ def _barriers_by_task(path: str) -> dict[str, float]:
 
 def _gradient_moments(network, w0: dict, vector: dict, head: dict, features, labels, clip_norm, train_head: bool):
     """(m, v, d) at the released model w0 + tau with its head, on the given examples."""
-    from dpmerge.diagnostics.noise_scale import per_example_gradient_moments
-    from dpmerge.models.base import TaskModel, task_model_weights
-
     network.load_top_state(task_model_weights(w0, vector))
     try:
         model = TaskModel.with_head(network, head)
@@ -75,9 +81,6 @@ def noise_scale(*, backbone_spec: dict, base: str, task_vectors: list[str], head
     """One row per task of a release group: the pieces of its effective noise scale T (from the release's record
     and the gradient-variance probe on the fixed test subsample), its individual and merged scores and the loss
     barrier to the merged model."""
-    from dpmerge.diagnostics.noise_scale import effective_noise, mean_gradient_square, sampling_noise_bound
-    from dpmerge.models.spec import backbone_from_spec
-
     if sweep not in SWEEPS:
         raise ValueError(f"--sweep {sweep!r}: expected one of {', '.join(SWEEPS)}")
     network = backbone_from_spec(backbone_spec)
@@ -133,11 +136,6 @@ def noise_scale(*, backbone_spec: dict, base: str, task_vectors: list[str], head
 def noise_report(*, rows: list[str], out_prefix: str, figure: list[str]) -> None:
     """The effective-noise table (PREFIX.parquet, .md, .tex: one row per setting over its seeds), its readings
     (PREFIX_readings.*: report/noise_readings.py) and figure from every group's `noise_scale` rows."""
-    import pandas as pd
-
-    from dpmerge.report.noise_readings import noise_readings, write_readings_table
-    from dpmerge.report.noise_scale import group_summary, plot_noise_scale, setting_summary, write_noise_table
-
     if not rows:
         raise ValueError("no noise-scale rows given")
     per_seed = group_summary(pd.concat([pd.read_parquet(path) for path in rows], ignore_index=True))

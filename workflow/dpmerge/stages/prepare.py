@@ -9,6 +9,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from dpmerge.artifacts import load_prepared, save_prepared, save_tensors, tensors_sha256
+from dpmerge.data.loading import load_task
+from dpmerge.data.paper import download
+from dpmerge.data.registry import GLUE_TASKS, VISION_TASKS
+from dpmerge.data.standins import standin_tokenizer_corpus, write_standin
+from dpmerge.models.spec import backbone_from_spec, weights_spec
+from dpmerge.models.standins import write_tiny_clip, write_tiny_roberta
+from dpmerge.models.zeroshot_prompts import TEMPLATES
 from dpmerge.runtime import compute_section
 from dpmerge.stages.common import log
 
@@ -19,10 +27,6 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
     """Load a task, run the frozen trunk once over it, save features and labels (artifacts.save_prepared).
     With `validation_fraction` the evaluation split is held out of the training subset (data.loading).
     `max_train`, `max_test`: caps on the seeded subsets (None or 0: no cap)."""
-    from dpmerge.artifacts import save_prepared
-    from dpmerge.data.loading import load_task
-    from dpmerge.models.spec import backbone_from_spec
-
     network = backbone_from_spec(backbone_spec)
     started = time.time()
     data = load_task(
@@ -49,9 +53,6 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
 def pretrained(*, backbone: str, backbone_spec: dict, out: str) -> None:
     """Save w0 restricted to the trainable (mergeable) parameters, with its content hash (`w0_sha256`, the one
     every fine-tune of this backbone records) beside the checkpoint's."""
-    from dpmerge.artifacts import save_tensors, tensors_sha256
-    from dpmerge.models.spec import backbone_from_spec, weights_spec
-
     network = backbone_from_spec(backbone_spec)
     top = network.top_state()
     save_tensors(
@@ -64,10 +65,6 @@ def pretrained(*, backbone: str, backbone_spec: dict, out: str) -> None:
 
 def zeroshot_head(*, backbone: str, backbone_spec: dict, data: str, out: str) -> None:
     """A CLIP zero-shot classification head for one task from the text encoder, class names and prompts."""
-    from dpmerge.artifacts import load_prepared, save_tensors
-    from dpmerge.models.spec import backbone_from_spec
-    from dpmerge.models.zeroshot_prompts import TEMPLATES
-
     network = backbone_from_spec(backbone_spec)
     if not hasattr(network, "zeroshot_head"):
         raise ValueError(f"backbone {backbone!r} has no text encoder for zero-shot heads")
@@ -88,8 +85,6 @@ def zeroshot_head(*, backbone: str, backbone_spec: dict, data: str, out: str) ->
 
 def prepare_data(*, task: str, data_dir: str) -> None:
     """Download one paper dataset into the data directory (online machines only)."""
-    from dpmerge.data.paper import download
-
     try:
         path = download(task, data_dir)
     except RuntimeError as error:  # offline, or a source that needs a manual copy
@@ -100,10 +95,6 @@ def prepare_data(*, task: str, data_dir: str) -> None:
 def make_standins(*, out: str, vision_classes: int = 3, train_per_class: int = 24, test_per_class: int = 8,
                   image_size: int = 40, seed: int = 0) -> None:
     """Tiny CLIP and RoBERTa checkpoints and tiny copies of the paper's datasets, in the real formats."""
-    from dpmerge.data.registry import GLUE_TASKS, VISION_TASKS
-    from dpmerge.data.standins import standin_tokenizer_corpus, write_standin
-    from dpmerge.models.standins import write_tiny_clip, write_tiny_roberta
-
     out = Path(out)
     config, checkpoint = write_tiny_clip(out / "clip", seed=seed)
     log(f"[make-standins] tiny CLIP: {config}, {checkpoint}")

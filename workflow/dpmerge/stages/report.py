@@ -5,12 +5,16 @@ commands).
 
 from __future__ import annotations
 
+import pandas as pd
+
+from dpmerge.report import figures
+from dpmerge.report import tables as paper_tables
+from dpmerge.report.answer import write_answer
+from dpmerge.report.protocol import write_choice
 from dpmerge.stages.common import log, recorded_paths
 
 
 def _read_all(paths: list[str]):
-    import pandas as pd
-
     return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
 
 
@@ -18,64 +22,50 @@ def table(*, kind: str, scores: list[str], out_prefix: str, caption: str = "", o
           metric_in_header: bool = False) -> None:
     """A paper table from evaluation files, written as PREFIX.parquet, .md, .tex and .html. `kind`: multitask
     (Tables 1-3), epsilon_sweep (4), ablation (5), rho (6), anchor_lambda (7) or operators (8)."""
-    from dpmerge.report import tables
-
     frame = _read_all(scores)
     if metric_in_header and kind != "multitask":
         raise ValueError("--metric-in-header applies to --kind multitask only")
     try:
         if kind == "multitask":
-            result = tables.table1(frame, metric_in_header=metric_in_header)
+            result = paper_tables.table1(frame, metric_in_header=metric_in_header)
         elif kind == "epsilon_sweep":
-            result = tables.table_epsilon_sweep(frame, operator=operator)
+            result = paper_tables.table_epsilon_sweep(frame, operator=operator)
         elif kind == "ablation":
-            result = tables.table_ablation(frame)
+            result = paper_tables.table_ablation(frame)
         elif kind in ("rho", "anchor_lambda"):
-            result = tables.table_sensitivity(frame, kind, operator=operator)
+            result = paper_tables.table_sensitivity(frame, kind, operator=operator)
         else:
-            result = tables.table_operators(frame)
+            result = paper_tables.table_operators(frame)
     except ValueError as error:
         raise ValueError(f"{kind} table from {len(scores)} score files: {error}") from None
-    for path in tables.write_table(result, out_prefix, caption):
+    for path in paper_tables.write_table(result, out_prefix, caption):
         log(f"[table] wrote {path}")
 
 
 def plot_sharpness_drift(*, curvature: list[str], drift: list[str], out: list[str], title: str = "") -> None:
-    from dpmerge.report.figures import plot_sharpness_drift as plot
-
-    plot(_read_all(curvature), _read_all(drift), out, title)
+    figures.plot_sharpness_drift(_read_all(curvature), _read_all(drift), out, title)
     log(f"[figure] wrote {', '.join(out)}")
 
 
 def plot_gap_bound(*, curvature: list[str], out: list[str], title: str = "") -> None:
-    from dpmerge.report.figures import plot_gap_vs_bound
-
-    plot_gap_vs_bound(_read_all(curvature), out, title)
+    figures.plot_gap_vs_bound(_read_all(curvature), out, title)
     log(f"[figure] wrote {', '.join(out)}")
 
 
 def plot_interpolation(*, curves: list[str], out: list[str], title: str = "") -> None:
-    from dpmerge.report.figures import plot_interpolation as plot
-
-    plot(_read_all(curves), out, title)  # drawn once, saved in every format asked for
+    figures.plot_interpolation(_read_all(curves), out, title)  # drawn once, saved in every format asked for
     log(f"[figure] wrote {', '.join(out)}")
 
 
 def plot_landscape(*, landscapes: list[str], out: list[str], title: str = "") -> None:
-    import pandas as pd
-
-    from dpmerge.report.figures import plot_landscape as plot
-
     frames = [pd.read_parquet(p) for p in landscapes]
     for path in out:
-        plot(frames, path, title)
+        figures.plot_landscape(frames, path, title)
         log(f"[figure] wrote {path}")
 
 
 def answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: str, links: list[str],
            description: str | None = None, audit_table: str | None = None) -> None:
-    from dpmerge.report.answer import write_answer
-
     # the page names its files relative to the results folder, never by this machine's absolute paths
     links = recorded_paths(links, [out_markdown, out_rst]) if links else []
     write_answer(tables=tables, ledger=ledger, out_markdown=out_markdown, out_rst=out_rst, links=links,
@@ -85,8 +75,6 @@ def answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: s
 
 def select_budget(*, candidates: dict, tables: dict[str, str], seeds: int, out_markdown: str,
                   out_parquet: str) -> None:
-    from dpmerge.report.protocol import write_choice
-
     if missing := sorted(set(tables) - set(candidates)):
         raise ValueError(f"--table1 names candidates that --candidates does not describe: {missing}")
     frame = write_choice(candidates=candidates, tables=tables, out_markdown=out_markdown, out_parquet=out_parquet,
