@@ -83,3 +83,18 @@ def toy_data():
     features = (torch.randn(64, 2, 4, 4, generator=generator),)
     labels = torch.randint(0, 3, (64,), generator=generator)
     return features, labels
+
+
+def build_backbones_with(monkeypatch, build) -> None:
+    """Make every stage build its backbone with `build(spec)`: the stages import backbone_from_spec at their top,
+    so it is replaced where each of them holds it, and at its home for anything imported later."""
+    import importlib
+    import pkgutil
+
+    import dpmerge.stages
+
+    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", build)
+    for module in pkgutil.iter_modules(dpmerge.stages.__path__):
+        stage = importlib.import_module(f"dpmerge.stages.{module.name}")
+        if hasattr(stage, "backbone_from_spec"):
+            monkeypatch.setattr(stage, "backbone_from_spec", build)

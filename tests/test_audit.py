@@ -14,7 +14,7 @@ import torch
 from scipy.stats import binom
 from torch import nn
 
-from conftest import TEST_STUDY_KEY
+from conftest import TEST_STUDY_KEY, build_backbones_with
 from dpmerge.artifacts import load_tensors, read_metadata
 from dpmerge.models.base import Backbone
 from dpmerge.privacy.audit import audit_scores, epsilon_lower_bound, guess_counts, one_run_p_value
@@ -118,7 +118,7 @@ def wide(tmp_path):
 @pytest.fixture
 def study_key(tmp_path, wide, monkeypatch):
     """The stages build the wide top (whatever the spec says) and read the test key from a private file."""
-    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: wide[0])
+    build_backbones_with(monkeypatch, lambda spec: wide[0])
     key = tmp_path / "study.key"
     key.write_text(TEST_STUDY_KEY.hex())
     key.chmod(0o600)

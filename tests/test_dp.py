@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ToyBackbone, keyed
+from conftest import ToyBackbone, build_backbones_with, keyed
 from dpmerge.artifacts import file_tensors_sha256, read_metadata, tensors_sha256
 from dpmerge.methods import METHODS
 from dpmerge.models.base import TaskModel
@@ -479,7 +479,7 @@ def test_a_head_only_run_with_a_frozen_zero_shot_head_touches_no_data(toy_backbo
 def test_the_w0_a_fine_tune_records_is_the_one_rule_pretrained_writes(tmp_path, toy_data, monkeypatch):
     """The merge checks its base against the w0_sha256 every vector records; that must be the hash of the file
     rule `pretrained` writes (built in another process, from the same checkpoint), not of anything else."""
-    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: ToyBackbone(tmp_path / "toy.bin"))
+    build_backbones_with(monkeypatch, lambda spec: ToyBackbone(tmp_path / "toy.bin"))
     pretrained(backbone="toy", backbone_spec={"kind": "toy"}, out=str(tmp_path / "w0.safetensors"))
     features, labels = toy_data
     config = FinetuneConfig(method="nonprivate", target_epsilon=None, epochs=1.0, batch_size=8, lr=1e-2)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import flat, unflat
+from conftest import build_backbones_with, flat, unflat
 from dpmerge import cli
 from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, save_released, save_tensors, tensors_sha256
 from dpmerge.diagnostics.landscape import filter_normalized_direction, loss_landscape, task_vector_plane
@@ -135,7 +135,7 @@ def record(task):
 def merged_toy(tmp_path, toy_backbone, toy_data, monkeypatch):
     """w0, two released task vectors and heads, prepared test data and their task-arithmetic merge."""
     # the stages build their backbone through models.spec, looked up when they run
-    monkeypatch.setattr("dpmerge.models.spec.backbone_from_spec", lambda spec: toy_backbone)
+    build_backbones_with(monkeypatch, lambda spec: toy_backbone)
     features, labels = toy_data
     base = toy_backbone.top_state()
     save_tensors(tmp_path / "w0.safetensors", base, {"pretrained_sha256": "abc"})
