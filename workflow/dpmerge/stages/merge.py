@@ -67,6 +67,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     if recorded:
         check_release_group(metas)
     w0, w0_sha256 = checked_base(base, metas, task_vectors, strict=recorded)
+    inputs = distinct_inputs(task_vectors)  # each vector read and hashed once, here
     statistics_source, statistics_meta = None, None
     if operator in NEEDS_STATISTICS and not recorded:
         raise ValueError(f"{operator} reads per-task statistics of released task vectors ('dpmerge statistics'); "
@@ -76,7 +77,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
             raise ValueError(f"{operator} needs --statistics (from 'dpmerge statistics --kind "
                              f"{NEEDS_STATISTICS[operator]}')")
         statistics_source, statistics_meta = statistics_source_of(statistics, NEEDS_STATISTICS[operator], metas,
-                                                                  task_vectors)
+                                                                  inputs)
     elif statistics:
         raise ValueError(f"{operator} uses no data statistics; drop --statistics")
 
@@ -94,7 +95,6 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     )
     merged_model = logged_tensors(merged_model, len(source.keys()), operator)
     name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
-    inputs = distinct_inputs(task_vectors)
     # named relative to the results folder, never by this machine's absolute paths (recorded_paths)
     files = [*task_vectors, base, *([statistics] if statistics else [])]
     named = dict(zip(files, recorded_paths(files, out)))
@@ -232,18 +232,18 @@ def checked_base(path: str, metas: list[dict], vector_paths: list[str], strict: 
     return w0, content
 
 
-def statistics_source_of(path: str, kind: str, metas: list[dict], vector_paths: list[str]):
-    """The per-task statistics of a `dpmerge statistics` file, checked against the vectors being merged, and the
-    file's metadata."""
+def statistics_source_of(path: str, kind: str, metas: list[dict], inputs: list[dict]):
+    """The per-task statistics of a `dpmerge statistics` file, checked against the vectors being merged (`inputs`:
+    each one's path and content hash, from distinct_inputs), and the file's metadata."""
     file = SafetensorsFile(path)
     meta = file.metadata
     if meta.get("artifact") != "merge_statistics" or meta.get("kind") != kind:
         raise ValueError(f"{path} is not a {kind} statistics file (from 'dpmerge statistics --kind {kind}')")
     if meta["tasks"] != [m["task"] for m in metas]:
         raise ValueError(f"{path} covers tasks {meta['tasks']}, the vectors are {[m['task'] for m in metas]}")
-    for record, vector_path in zip(meta["records"], vector_paths):
-        if record["task_vector_sha256"] != file_tensors_sha256(vector_path):
-            raise ValueError(f"{path} was computed from another task vector than {vector_path}")
+    for record, vector in zip(meta["records"], inputs):
+        if record["task_vector_sha256"] != vector["sha256"]:
+            raise ValueError(f"{path} was computed from another task vector than {vector['path']}")
 
     class Prefixed:
         def __init__(self, index):
