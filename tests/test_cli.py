@@ -387,6 +387,24 @@ def test_merge_names_unknown_operator_and_hyperparameter(released):
         main(["merge", "--method", "ties", "--param", "lambda=1", *common])
 
 
+
+def test_statistics_of_other_vectors_are_refused_naming_the_vector(released):
+    """The statistics file records the content hash of each vector it was computed from; a merge compares those
+    with the hashes of the vectors it merges (each vector hashed once) and names the first that differs."""
+    from dpmerge.artifacts import file_tensors_sha256
+
+    folder, _, vectors, paths = released
+    stats = folder / "fisher.safetensors"
+    records = [{"task": "task0", "task_vector_sha256": file_tensors_sha256(paths[0])},
+               {"task": "task1", "task_vector_sha256": "0" * 64}]
+    save_tensors(stats, {f"{i}/{k}": torch.ones_like(v) for i, vector in enumerate(vectors) for k, v in vector.items()},
+                 {"artifact": "merge_statistics", "kind": "fisher", "source": "public", "tasks": ["task0", "task1"],
+                  "records": records})
+    with pytest.raises(SystemExit, match=f"{stats} was computed from another task vector than {paths[1]}"):
+        main(["merge", "--method", "fisher", "--statistics", str(stats), "--base", str(folder / "w0.safetensors"),
+              "-o", str(folder / "m.safetensors"), *paths])
+    assert not (folder / "m.safetensors").exists()
+
 @pytest.mark.parametrize(
     "vector,message",
     [
