@@ -21,9 +21,13 @@ def test_the_spin_count_is_set_unless_the_user_chose_one():
         assert environment == chosen
 
 
-def _spin_count_torch_loads_with(environment: dict) -> str:
-    """Run the `dpmerge` entry point (its --help imports every stage, and so torch) and report GOMP_SPINCOUNT as
-    it stood at the moment torch was first imported: libgomp reads it then and never again."""
+# A command that gets as far as its stage (which imports torch) and then stops on a missing input
+RUNS_A_STAGE = ["drift", "--base", "nowhere.safetensors", "--task-vectors", "nowhere.safetensors", "-o", "x.parquet"]
+
+
+def _spin_count_torch_loads_with(environment: dict, argv=RUNS_A_STAGE) -> str:
+    """Run the `dpmerge` entry point with `argv` and report GOMP_SPINCOUNT as it stood at the moment torch was
+    first imported: libgomp reads it then and never again."""
     watch = textwrap.dedent("""
         import importlib.abc, os, sys
         seen = []
@@ -32,16 +36,16 @@ def _spin_count_torch_loads_with(environment: dict) -> str:
                 if name == "torch" and not seen:
                     seen.append(os.environ.get("GOMP_SPINCOUNT", "unset"))
         sys.meta_path.insert(0, FirstTorchImport())
-        sys.argv = ["dpmerge", "--help"]
+        sys.argv = ["dpmerge", *ARGV]
         from dpmerge import launch
         try:
             launch.main()
         except SystemExit:
             pass
-        print("torch loaded with GOMP_SPINCOUNT", seen[0] if seen else "torch never imported")
+        print("torch loaded with GOMP_SPINCOUNT", seen[0] if seen else "never")
     """)
-    result = subprocess.run([sys.executable, "-c", watch], env=environment, capture_output=True, text=True,
-                            timeout=300, check=True)
+    result = subprocess.run([sys.executable, "-c", f"ARGV = {argv!r}\n" + watch], env=environment,
+                            capture_output=True, text=True, timeout=300, check=True)
     return result.stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1]
 
 
@@ -51,3 +55,11 @@ def test_the_dpmerge_command_sets_it_before_torch_loads():
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKFLOW), environment.get("PYTHONPATH")]))
     assert _spin_count_torch_loads_with(environment) == str(SPIN_COUNT)
     assert _spin_count_torch_loads_with({**environment, "GOMP_SPINCOUNT": "123"}) == "123"
+
+
+def test_help_loads_no_torch():
+    """`dpmerge --help` and a command's --help parse only: no stage, so no torch, is imported."""
+    environment = {name: value for name, value in os.environ.items() if name != "DPMERGE_FORKSERVER"}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKFLOW), environment.get("PYTHONPATH")]))
+    assert _spin_count_torch_loads_with(environment, ["--help"]) == "never"
+    assert _spin_count_torch_loads_with(environment, ["merge", "--help"]) == "never"
