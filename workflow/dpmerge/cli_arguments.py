@@ -8,6 +8,7 @@ Torch-free: the merge operators listed in `merge --help` come from the catalog's
 from __future__ import annotations
 
 import argparse
+import json
 
 from dpmerge.cli_help import command_listing, example_epilog
 from dpmerge.methods import METHODS
@@ -39,8 +40,6 @@ def _version() -> str:
 
 def json_object(text: str) -> dict:
     """A flag's JSON object (--backbone-spec, --hparams, --candidates), refused with the reason otherwise."""
-    import json
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
@@ -54,7 +53,6 @@ class KeyValues(argparse.Action):
     """Repeatable key=value into one dict; a value is read as JSON where it parses (0.3, true, "x"), else as text."""
 
     def __call__(self, parser, namespace, value, option_string=None):
-        import json
 
         if "=" not in value:
             parser.error(f"{option_string} expects key=value, got {value!r}")

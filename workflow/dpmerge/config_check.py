@@ -6,6 +6,7 @@ here, not in the Snakefile, so the tests can try each bad config in-process inst
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from pathlib import Path
@@ -81,8 +82,6 @@ def schema_error(config: dict, error: Exception) -> str:
     """One line for a schema violation: the field's dotted path, what jsonschema says is wrong and, for an
     unknown key, the closest known one ("did you mean") and the keys allowed there. Snakemake's own message
     prints the whole schema (over a thousand lines for a one-letter typo)."""
-    import difflib
-
     schema = yaml.safe_load(SCHEMA.read_text())
     found = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(config))
     if found is None:  # snakemake saw something jsonschema alone does not: keep its first lines

@@ -33,6 +33,7 @@ import selectors
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -172,8 +173,6 @@ def _receive(connection: socket.socket, size: int) -> bytes:
 
 def start_server(address: Path) -> None:
     """Start a server for `address` in the background (it exits at once if another one holds the address)."""
-    import subprocess
-
     try:
         _private_directory(address.parent)
     except (OSError, Unavailable):

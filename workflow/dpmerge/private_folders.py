@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 PRIVATE_FOLDERS = ("private", "data", "checkpoints", "logs", "benchmarks")
@@ -34,8 +35,6 @@ def private_folders(results: str | Path) -> list[Path]:
 def close(results: str | Path) -> None:
     """Create each private folder of `results` with mode 0700, or set an existing one to it, then `sweep` them;
     what could not be made private is named in a warning on stderr."""
-    import sys
-
     for folder in private_folders(results):
         folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)  # the parents keep the umask's modes
         os.chmod(folder, FOLDER_MODE)  # mkdir's mode is masked by the umask, and an existing folder keeps its own

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +37,6 @@ __all__ = ["TaskData", "LazyInputs", "load_task"]
 class TaskData:
     """One task's examples as :func:`load_task` returns them; inputs are arrays, lists of texts or text pairs, or
     (the paper's images) :class:`LazyInputs`."""
-
     spec: TaskSpec
     class_names: list[str]
     train_inputs: object
@@ -167,7 +167,6 @@ class LazyInputs:
         refs = self.refs[index]
         if self.workers == 1 or len(refs) < 2 * self.workers:
             return self._render(refs, self.image_size)
-        from concurrent.futures import ThreadPoolExecutor
 
         bounds = np.linspace(0, len(refs), self.workers + 1).astype(int)
         with ThreadPoolExecutor(self.workers) as pool:

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import torch
 
-from dpmerge.artifacts import all_finite
+from dpmerge.artifacts import SafetensorsFile, all_finite
 
 TaskVector = dict[str, torch.Tensor]
 
 
 class VectorSource:
     """T task vectors with the same parameter names, shapes and dtypes, read one tensor at a time."""
-
     names: list[str]  # one label per task vector, used in error messages
     # Per-task data statistics for the operators that need them (RegMean Grams, Fisher), or None.
     statistics: "StatisticsSource | None" = None
@@ -111,7 +110,6 @@ class SafetensorsSource(VectorSource):
     only the tensors still referenced (no memory map keeps earlier ones resident)."""
 
     def __init__(self, paths: list[str | Path], statistics: StatisticsSource | None = None):
-        from dpmerge.artifacts import SafetensorsFile
 
         self.statistics = statistics
         if not paths:

@@ -44,6 +44,7 @@ from dpmerge.privacy.accounting import (
     record_mechanisms,
     step_mechanisms,
 )
+from dpmerge.privacy.audit_ledger import audit_mechanisms
 from dpmerge.privacy.lower_bound import lower_bound_epsilon
 from dpmerge.privacy.randomness import RNG_MODES  # the keyed generators; anything else is replayable
 
@@ -265,8 +266,6 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
     """Per task (one dataset, whichever backbones fine-tuned on it): every private release, private statistic and
     private audit run composed (`composed_epsilon`), and the epsilon of publishing everything in the ledger
     (`published_epsilon`), which a non-private release of the task makes infinite."""
-    from dpmerge.privacy.audit_ledger import audit_mechanisms
-
     rows = []
     for task, group in ledger.groupby("task"):
         private = group[group["method"].map(_is_private)]

@@ -17,9 +17,15 @@ function the record is later checked with, so the claim and the ledger's recompu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import os
+import tempfile
 from contextlib import contextmanager
+from importlib.metadata import version
+from pathlib import Path
 
 DISCRETISATION = 1e-3
 RELATIONS = ("replace_one", "add_remove")
@@ -125,13 +131,6 @@ def cached_noise_multiplier_for(target_epsilon: float, delta: float, sample_rate
     """`noise_multiplier_for`, remembered in $DPMERGE_CALIBRATION_CACHE when set. A remembered sigma is used only
     if it still meets the target within the tolerance on today's accountant (one evaluation), so a stale or edited
     entry is recomputed, never trusted."""
-    import hashlib
-    import json
-    import os
-    import tempfile
-    from importlib.metadata import version
-    from pathlib import Path
-
     folder = os.environ.get(CACHE_VARIABLE)
     arguments = {"target_epsilon": float(target_epsilon), "delta": float(delta), "sample_rate": float(sample_rate),
                  "steps": int(steps), "neighbouring": neighbouring, "discretisation": DISCRETISATION,

@@ -7,10 +7,12 @@ uses it as the report's front page once it exists).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
+from dpmerge.artifacts import atomic_write
 from dpmerge.methods import ABLATIONS, METHODS, PRIVATE_MERGED_METHODS
 from dpmerge.report.labels import AVERAGE, AVERAGE_GAIN, METHOD_LABELS
 from dpmerge.report.tables import INTERVAL_NOTE, PRETRAINED_ROW, signed_cell
@@ -71,8 +73,6 @@ LEDGER_VERDICTS = ("PASS", "FAIL")
 
 def ledger_verdict(check_path: str | Path) -> str:
     """PASS or FAIL, as the ledger's check file (privacy/ledger_check.json) says; anything else is refused."""
-    import json
-
     try:
         verdict = json.loads(Path(check_path).read_text()).get("verdict")
     except (OSError, ValueError, AttributeError) as error:
@@ -191,8 +191,6 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
                  description: str | None = None, audit_table: str | None = None) -> None:
     """`tables` maps a setting's label (e.g. 'effnet, ε = 4') to its Table 1 Parquet file; `ledger` is the
     ledger's check file (JSON); `audit_table` the audits' table (Parquet), when the study audits."""
-    from dpmerge.artifacts import atomic_write
-
     frames = {setting: pd.read_parquet(path) for setting, path in tables.items()}
     compared = compared_methods(frames)
     rows, summary, seeds = answer_rows(frames, compared)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpmerge.report.figures import _pyplot, _save_all
 from dpmerge.report.small_table import write_small_table
 
 KIND_LABELS = {"white_box": "white-box (Dirac gradients)", "black_box": "black-box (mislabeled examples)"}
@@ -104,8 +105,6 @@ def write_audit_table(summary: pd.DataFrame, prefix: str, caption: str, groups: 
 def plot_audit(audits: pd.DataFrame, out: list[str], title: str) -> None:
     """Each audited model's bound against its claim, pooled audits large and single runs small; a non-private
     run (claim infinite) at the right edge."""
-    from dpmerge.report.figures import _pyplot, _save_all
-
     plt = _pyplot()
     finite = audits["recomputed_claim"][audits["recomputed_claim"].map(math.isfinite)]
     top = max([float(finite.max()) if len(finite) else 1.0, float(audits["epsilon_lb"].max()), 1.0]) * 1.15

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpmerge.report.figures import METHOD_STYLES, _pyplot, _save_all
 from dpmerge.report.labels import METHOD_LABELS
 from dpmerge.report.small_table import write_small_table
 from dpmerge.report.tables import t_interval
@@ -107,8 +108,6 @@ def plot_mixing(mixed: pd.DataFrame, trained: pd.DataFrame, out: list[str],
                 combined: pd.DataFrame | None = None) -> None:
     """Per backbone: merged score (mean over seeds) against epsilon; trained releases as lines, selections as open
     markers of the same method's style, combinations as filled diamonds."""
-    from dpmerge.report.figures import METHOD_STYLES, _pyplot, _save_all
-
     plt = _pyplot()
     mixed_avg, trained_avg = merged_averages(mixed), merged_averages(trained)
     combined_avg = merged_averages(combined) if combined is not None and len(combined) else mixed_avg.iloc[:0]

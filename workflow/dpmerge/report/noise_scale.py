@@ -20,6 +20,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dpmerge.report.figures import _pyplot, _save_all
 from dpmerge.report.labels import METHOD_LABELS
 from dpmerge.report.small_table import write_small_table
 from dpmerge.report.tables import t_interval
@@ -164,8 +165,6 @@ def plot_noise_scale(summary: pd.DataFrame, out: list[str]) -> None:
     """Per backbone: the merge's gain over the task models (top) and barrier (bottom) against T, log scale; one
     colour per method, one marker per varied hyperparameter, each sweep's points joined through the configured
     run; with `setting_summary` rows, bars are 95 % intervals over seeds."""
-    from dpmerge.report.figures import _pyplot, _save_all
-
     plt = _pyplot()
     backbones = sorted(set(summary["backbone"]))
     fig, axes = plt.subplots(2, len(backbones), figsize=(5.2 * len(backbones), 8.0), squeeze=False, sharex="col")

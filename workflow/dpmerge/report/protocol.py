@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpmerge.artifacts import atomic_write
 from dpmerge.methods import PRIVATE_MERGED_METHODS
 from dpmerge.report.labels import AVERAGE, METHOD_LABELS
 
@@ -107,7 +108,6 @@ def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
 
 def write_choice(*, candidates: dict[str, dict], tables: dict[str, str], out_markdown: str, out_parquet: str,
                  seeds: int) -> pd.DataFrame:
-    from dpmerge.artifacts import atomic_write
 
     frame = choose(candidates, {name: pd.read_parquet(path) for name, path in tables.items()})
     atomic_write(out_parquet, lambda path: frame.to_parquet(path, index=False))

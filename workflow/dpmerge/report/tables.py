@@ -16,6 +16,7 @@ sample standard deviation (ddof=1) over seeds.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +50,6 @@ class PaperTable:
     Cells of a row whose label starts with 'improvement', or of a column whose label contains 'improvement',
     are differences: printed with a sign and, from two seeds on, with their 95 % interval.
     """
-
     mean: pd.DataFrame
     std: pd.DataFrame | None
     seeds: pd.Series
@@ -514,8 +514,6 @@ def to_frame(table: PaperTable | pd.DataFrame) -> pd.DataFrame:
 
 def to_html(table: PaperTable | pd.DataFrame, caption: str = "") -> str:
     """A standalone HTML page (what `snakemake --report` shows); 'm ± s' cells as in Markdown."""
-    import html
-
     table = _as_table(table)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [table.stub, *table.mean.columns])
     body = []
