@@ -66,14 +66,17 @@ def test_the_schema_names_no_method_and_the_config_check_reads_the_spec():
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     assert [enum for enum in enums(schema) if set(enum) & set(METHODS)] == []
     config = {"methods": [BASELINE, PROPOSED], "diagnostics": {"landscape": {"methods": [PROPOSED]}},
+              "finetune": {"by_method": {"nonprivate": {}}},
               "sweeps": {"epsilon": {"methods": [BASELINE]}, "rho": {"method": PROPOSED}}}
     _check_method_names(config)
     for field, value, message in [
         (("methods",), ["dp_magic"], "methods: unknown method 'dp_magic'; known methods: nonprivate"),
         (("sweeps", "epsilon", "methods"), ["nonprivate"], "sweeps.epsilon.methods: unknown method 'nonprivate'"),
         (("sweeps", "rho", "method"), "dp_anchor", "methods that take rho: dp_sam, dp_merging, dp_sat, dp_sat_anchor"),
+        (("finetune", "by_method"), {"dp_magic": {}}, "finetune.by_method: unknown method 'dp_magic'"),
     ]:
-        broken = {**config, "sweeps": {k: dict(v) for k, v in config["sweeps"].items()}}
+        broken = {**config, "sweeps": {k: dict(v) for k, v in config["sweeps"].items()},
+                  "finetune": dict(config["finetune"])}
         target = broken
         for key in field[:-1]:
             target = target[key]

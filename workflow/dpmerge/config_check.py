@@ -303,6 +303,7 @@ def _check_method_names(config):
 
     known("methods", config["methods"], METHODS, "known methods")
     known("diagnostics.landscape.methods", config["diagnostics"]["landscape"]["methods"], METHODS, "known methods")
+    known("finetune.by_method", (config.get("finetune") or {}).get("by_method") or {}, METHODS, "known methods")
     sweeps = config.get("sweeps") or {}
     if "epsilon" in sweeps:
         known("sweeps.epsilon.methods", sweeps["epsilon"]["methods"], PRIVATE_MERGED_METHODS,
