@@ -65,6 +65,18 @@ def _umask() -> int:
     return current
 
 
+def check_output_path(path: str | Path) -> Path:
+    """`path` as a file to write: refused, naming it, where a folder stands (a file is never written over a
+    folder) or where a file stands in place of a folder above it."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give the output a file name (e.g. {path / 'merged.safetensors'})")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"{path}: {parent} is a file, not a folder")
+    return path
+
+
 def atomic_write(path: str | Path, write, *, private: bool = False) -> None:
     """Call write(tmp_path) then rename the temporary file onto `path`.
 
@@ -72,7 +84,7 @@ def atomic_write(path: str | Path, write, *, private: bool = False) -> None:
     admits can read results; mkstemp's 0600 is kept only for `private` files (checkpoints: they hold the
     generators' states; prepared tasks: the training features; kept audit runs: their secret coins), whose
     folder, when this makes it, is 0700."""
-    path = Path(path)
+    path = check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True, **({"mode": 0o700} if private else {}))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -124,13 +136,19 @@ def _open(path: str | Path):
 
 
 def _decode_metadata(path: Path, raw: dict | None) -> dict:
-    decoded = {}
+    """A file's metadata: dpmerge stores every field as JSON, so in a file it wrote (one with an `artifact` or a
+    privacy field) a field that is not JSON is refused, naming it; a file from elsewhere keeps such fields as the
+    text they are (`save_pretrained` writes {"format": "pt"})."""
+    decoded, text = {}, []
     for key, value in (raw or {}).items():
         try:
             decoded[key] = json.loads(value)
         except ValueError:
-            raise SafetensorsFileError(f"{path}: metadata field {key!r} is not JSON (dpmerge stores every field as "
-                                       f"JSON): {value[:80]!r}") from None
+            decoded[key] = value
+            text.append(key)
+    if text and ("artifact" in decoded or any(field in decoded for field in PRIVACY_FIELDS)):
+        raise SafetensorsFileError(f"{path}: metadata field {text[0]!r} is not JSON (dpmerge stores every field as "
+                                   f"JSON): {raw[text[0]][:80]!r}")
     return decoded
 
 

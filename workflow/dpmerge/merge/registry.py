@@ -34,7 +34,7 @@ import torch
 
 from dpmerge.merge import data_based, elementwise, personalized, spectral
 from dpmerge.merge.checks import check_hyperparameters
-from dpmerge.merge.sources import DifferenceSource, InMemorySource, TaskVector, VectorSource
+from dpmerge.merge.sources import AtLeastFloat32, DifferenceSource, InMemorySource, TaskVector, VectorSource
 from dpmerge.merge.specs import (
     SPECS,
     VECTOR_KINDS,
@@ -117,10 +117,16 @@ class ResolvedMerge:
         return self.operator.parts_layout is not None
 
     def stream(self, source: VectorSource) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, merged task vector tensor) for every parameter, reading one tensor per task at a time."""
+        """(name, merged task vector tensor) for every parameter, reading one tensor per task at a time. Computed
+        in at least float32 (AtLeastFloat32: in float16 a rule's small guards round to 0 and its divisions to
+        NaN) and handed back at the precision the vectors are stored in."""
+        computed = AtLeastFloat32(source)
         if self.vectors == "difference":
-            return _merged_differences(self.operator, self.hyperparameters, DifferenceSource(source))
-        return _merged_tensors(self.operator, self.hyperparameters, source)
+            merged = _merged_differences(self.operator, self.hyperparameters, DifferenceSource(computed))
+        else:
+            merged = _merged_tensors(self.operator, self.hyperparameters, computed)
+        return ((key, computed.stored(tensor, key.split("/", 3)[3] if is_part(key) else key))
+                for key, tensor in merged)
 
     def stored_layout(self, layout: dict, tasks: int) -> dict:
         """Names, dtypes and shapes the merge stores, in order: `layout` (the vectors' name -> (dtype, shape))

@@ -155,6 +155,36 @@ def _checked_finite(value: torch.Tensor, name: str, key: str) -> torch.Tensor:
     return value
 
 
+class AtLeastFloat32(VectorSource):
+    """The same task vectors, each tensor stored in float16 or bfloat16 read as float32, the precision merges
+    compute in: in float16 a rule's small guards (PCB's floor on a sum of weights) round to 0 and its divisions
+    to NaN, and a sum over tasks loses its low bits. `stored` hands a result back at the vectors' own precision."""
+
+    LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+    def __init__(self, source: VectorSource):
+        self.source = source
+        self.names = source.names
+        self.statistics = source.statistics
+        self._stored_dtypes: dict[str, torch.dtype] = {}
+
+    def keys(self) -> list[str]:
+        return self.source.keys()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.source.shape(key)
+
+    def tensor(self, index: int, key: str) -> torch.Tensor:
+        tensor = self.source.tensor(index, key)
+        self._stored_dtypes[key] = tensor.dtype
+        return tensor.float() if tensor.dtype in self.LOW_PRECISION else tensor
+
+    def stored(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
+        """`tensor`, a result for the vectors' tensor `key` (already read), at the precision they are stored in."""
+        dtype = self._stored_dtypes.get(key)
+        return tensor.to(dtype) if dtype in self.LOW_PRECISION and tensor.is_floating_point() else tensor
+
+
 class DifferenceSource(VectorSource):
     """Difference vectors d_t = theta_t - theta_avg = tau_t - mean_j tau_j (DTS's "difference vector", arXiv
     2512.01461): the task-specific residuals around the weight average instead of around w0. Keeps

@@ -95,7 +95,9 @@ def _wudi_tensor(key, tensors, stats, iterations, lr, scaling, include_conv):
         iterations, lr: Adam steps and learning rate (reference code: 300, 1e-5).
         scaling: applied to the merged vector (reference: 1).
         include_conv: also treat convolution weights as (out, in*kh*kw) matrices (the reference has 2-D only)."""
-    if matrix_view(tensors[0], include_conv) is None:
+    if matrix_view(tensors[0], include_conv) is None or len(tensors) == 1:
+        # One task: tau_1 is the minimiser (zero interference) and Adam's start; the reference returns it as is,
+        # where our float32 steps from a zero gradient would drift by rounding
         return scaling * mean_of(tensors)
     shape, dtype = tensors[0].shape, tensors[0].dtype
     merged, _ = wudi_solve((matrix_view(t, include_conv).float() for t in consume(tensors)), iterations, lr)
@@ -121,7 +123,7 @@ def _tsvm_tensor(key, tensors, stats, scaling, include_conv, short_matrices):
     not single out; with include_conv=False and short_matrices="zero" we match FusionBench's TSVM without
     exclude_keys (up to rounding: we compute in float32 where it keeps float64 inputs in float64)."""
     matrices = [matrix_view(t, include_conv) for t in tensors]
-    if matrices[0] is None:
+    if matrices[0] is None or len(tensors) == 1:  # one task keeps all its triplets: tau itself, without rounding
         return scaling * mean_of(tensors)
     count = len(tensors)
     rank = min(matrices[0].shape) // count

@@ -378,7 +378,7 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
         spent = max(epsilon_value(v) for v in group["spent_epsilon"])
         recomputed = group["recomputed_epsilon"].astype(float).max()
         lower = group["lower_bound_epsilon"].astype(float).max()
-        delta = max(float(v) for v in group["delta"])
+        delta = pd.to_numeric(group["delta"], errors="coerce").max()  # NaN where no record states one
         backbone, method, rho, anchor_lambda, lr, batch_size, weight_decay, target, seed = key
         settings = " | ".join("--" if math.isnan(v) else f"{v:g}" for v in (lr, batch_size, weight_decay))
         relation = ", ".join(sorted(set(group["neighbouring"].dropna().astype(str)))) or "--"

@@ -39,12 +39,14 @@ def recorded_paths(paths: list[str], out: str | list[str]) -> list[str]:
     return [os.path.relpath(path, anchor) for path in absolute[:len(paths)]]
 
 
-def read_task_vectors(paths: list[str]) -> tuple[list[dict], list[dict]]:
-    """Task vectors and their metadata, each refused unless it carries its full privacy record."""
+def read_task_vectors(paths: list[str], require_record: bool = True) -> tuple[list[dict], list[dict]]:
+    """Task vectors and their metadata, each refused unless it carries its full privacy record (unless not
+    `require_record`: plain vectors, from anyone)."""
     vectors, metas = [], []
     for path in paths:
         tensors, meta = load_tensors(path)
-        check_privacy_record(meta, path)
+        if require_record:
+            check_privacy_record(meta, path)
         vectors.append(tensors)
         metas.append(meta)
     return vectors, metas
@@ -91,18 +93,19 @@ def check_w0_content(path: str, w0_meta: dict, content: str, metas: list[dict], 
 
 
 def checked_w0(path: str, metas: list[dict] = (), vector_paths: list[str] = (), merged_meta: dict | None = None,
-               merged_path: str | None = None) -> dict[str, torch.Tensor]:
+               merged_path: str | None = None, strict: bool = True) -> dict[str, torch.Tensor]:
     """w0's tensors, loaded once and checked as the merge checks its base (stages/merge.checked_base): finite,
     the weights it was written as, the w0 every released vector (`metas`, from `vector_paths`) was trained
     from, and the base the merged model (`merged_meta`, from `merged_path`) was built on. The evaluation and
-    diagnostics read w0 to rebuild w0 + tau: a wrong one would score a model no one released."""
+    diagnostics read w0 to rebuild w0 + tau: a wrong one would score a model no one released. Not `strict`
+    (plain vectors, from anyone): a label or hash is compared wherever both sides have one."""
     w0, w0_meta = load_tensors(path)
     for key, value in w0.items():
         if value.is_floating_point() and not torch.isfinite(value).all():
             raise ValueError(f"{path}: tensor {key!r} contains NaN or Inf")
-    check_w0_labels(path, w0_meta, metas, vector_paths, strict=True)
+    check_w0_labels(path, w0_meta, metas, vector_paths, strict=strict)
     content = tensors_sha256(w0)
-    check_w0_content(path, w0_meta, content, metas, vector_paths, strict=True)
+    check_w0_content(path, w0_meta, content, metas, vector_paths, strict=strict)
     if merged_meta is not None:
         built_on = (merged_meta.get("base") or {}).get("sha256")
         if built_on is None:

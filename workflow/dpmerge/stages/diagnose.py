@@ -13,11 +13,12 @@ import itertools
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dpmerge.artifacts import load_tensors
+from dpmerge.artifacts import load_tensors, missing_privacy_fields
 from dpmerge.diagnostics.common import task_loss
 from dpmerge.diagnostics.curvature import merge_gap_bound, sharpness_proxy
 from dpmerge.diagnostics.drift import reference_drift
@@ -40,11 +41,15 @@ from dpmerge.stages.common import (
 
 
 def drift(*, base: str, task_vectors: list[str], out: str) -> None:
-    """Reference drift ||w_t - w0|| / ||w0|| per task vector and its mean."""
-    vectors, metas = read_task_vectors(task_vectors)
-    w0 = checked_w0(base, metas, task_vectors)
+    """Reference drift ||w_t - w0|| / ||w0|| per task vector and its mean. Measuring is post-processing, so plain
+    task vectors (no privacy record, from anyone) are measured too, their base checked wherever they say which
+    w0 they come from; a row's task is then the file's name."""
+    vectors, metas = read_task_vectors(task_vectors, require_record=False)
+    released = all(not missing_privacy_fields(meta) for meta in metas)
+    w0 = checked_w0(base, metas, task_vectors, strict=released)
     mean, per_task = reference_drift(w0, vectors)
-    rows = [{**release_identity(m), "task": m["task"], "drift": d, "mean_drift": mean} for m, d in zip(metas, per_task)]
+    rows = [{**release_identity(m), "task": m.get("task", Path(p).stem), "drift": d, "mean_drift": mean}
+            for m, d, p in zip(metas, per_task, task_vectors)]
     write_parquet(rows, out)
     log(f"[drift] mean reference drift {mean:.6f}")
 

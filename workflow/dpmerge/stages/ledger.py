@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpmerge.artifacts import atomic_write
+from dpmerge.artifacts import PRIVACY_FIELDS, atomic_write, read_metadata
 from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
 from dpmerge.privacy.ledger import (
     build_ledger,
@@ -26,6 +26,11 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     """Write the ledger (and the statistics' ledger), the report and the check's verdict (`check_out`, JSON),
     then fail if any check failed: report and verdict are written either way, so a failed check can be read.
     Every table names its files relative to the results folder (`recorded_paths`), never by absolute paths."""
+    for path in task_vectors:
+        if not any(field in read_metadata(path) for field in PRIVACY_FIELDS):
+            raise ValueError(f"{path} carries no privacy record: the ledger checks releases ('dpmerge finetune', "
+                             "'dpmerge mix' or 'dpmerge combine' write them); plain task vectors can still be merged "
+                             "('dpmerge merge') and measured ('dpmerge drift')")
     table = build_ledger(task_vectors)
     statistics_table = build_statistics_ledger(statistics or [])
     audit_table = build_audit_ledger(audits or [])

@@ -12,6 +12,7 @@ import torch
 
 from dpmerge.artifacts import (
     SafetensorsFile,
+    check_output_path,
     check_privacy_record,
     file_tensors_sha256,
     load_prepared,
@@ -62,6 +63,7 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     refused.
     """
     plan = resolve_merge(operator, vectors, **(params or {}))  # checked now, before anything is read
+    check_output_path(out)
     check_distinct_paths(task_vectors, allow_single)
     metas, recorded = merge_records(task_vectors, require_privacy_record)
     if recorded:
@@ -82,7 +84,11 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         raise ValueError(f"{operator} uses no data statistics; drop --statistics")
 
     def model_tensor(key: str, merged: torch.Tensor) -> torch.Tensor:
-        # The merged model is stored at w0's precision, whatever precision the operator computed in.
+        # Checked before it is written: a NaN or Inf merges into a model that loads and scores nothing (the write
+        # is atomic, so a refused merge leaves no file). Stored at w0's precision, whatever the operator used.
+        if merged.is_floating_point() and not torch.isfinite(merged).all():
+            raise ValueError(f"{operator} gave NaN or Inf in tensor {key!r} ({int((~torch.isfinite(merged)).sum())} "
+                             f"of {merged.numel()} entries); nothing was written")
         return task_model_weights({key: w0.get_tensor(key)}, {key: merged.to(w0.dtype(key))})[key]
 
     source = SafetensorsSource(task_vectors, statistics_source)  # every vector has the first one's tensors...
