@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from dpmerge import runtime
-from dpmerge.cli_arguments import DescribedDefaultsShown
+from dpmerge.cli_types import DescribedDefaultsShown
 from dpmerge.methods import METHODS
 from dpmerge.models.base import Backbone, TaskModel
 from dpmerge.models.reference_shapes import roberta_base_shaped, vit_b32_shaped

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dpmerge import runtime
-from dpmerge.cli_arguments import DescribedDefaultsShown
+from dpmerge.cli_types import DescribedDefaultsShown
 
 
 def build_backbone(model: str, directory: Path, device: str, precision: str):

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpmerge.cli_arguments import DescribedDefaultsShown
+from dpmerge.cli_types import DescribedDefaultsShown
 
 HERE = Path(__file__).resolve().parent
 

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
 
-from dpmerge.cli_arguments import DescribedDefaultsShown  # noqa: E402
+from dpmerge.cli_types import DescribedDefaultsShown  # noqa: E402
 from paired_ratio import describe  # noqa: E402  (bench/, beside this script)
 
 FILES = {"tsvm": "fusion_bench/method/task_singular_vector/utils/TSVM_utils.py",

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from dpmerge.cli_arguments import DescribedDefaultsShown
+from dpmerge.cli_types import DescribedDefaultsShown
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPUTE = re.compile(r"^\[compute\] .*: ([0-9.]+) s$", re.MULTILINE)

@@ -158,7 +158,7 @@ def _flags_without_default(help_text: str, flags: list[str]) -> list[str]:
     silent = []
     for flag in flags:
         # the flag's block: from its line to the next line that starts another option
-        block = re.search(rf"^  (?:-\w, )?{re.escape(flag)}\b.*?(?=^  -|\Z)", help_text, re.M | re.S)
+        block = re.search(rf"^  (?:-\w(?: \S+)?, )?{re.escape(flag)}\b.*?(?=^  -|\Z)", help_text, re.M | re.S)
         if block is None or "default" not in block.group(0):
             silent.append(flag)
     return silent

@@ -18,7 +18,8 @@ MAX_LINES = 600
 # Which rooms may import which: a room's own modules, plus the rooms listed (transitively lower floors).
 ROOMS_BELOW = {
     "cli": {"cli_arguments", "stages", "catalog", "config_check", "runtime"},
-    "cli_arguments": {"catalog", "cli_help", "methods"},  # the command line's parser, beside cli.py
+    "cli_arguments": {"catalog", "cli_help", "cli_types", "methods"},  # the command line's parser, beside cli.py
+    "cli_types": set(),  # argparse types, actions and the help formatter: standard library only
     "cli_help": set(),  # the top-level --help's command groups and each researcher command's example
     # the `dpmerge` entry point: through the warm fork server, or cli in this process; stdlib only at import
     "launch": {"forkserver", "cli", "gpu_slots", "openmp_wait"},
@@ -26,19 +27,21 @@ ROOMS_BELOW = {
     "private_folders": set(),  # stdlib only: the Snakefile makes the private result folders 0700 while parsed
     "openmp_wait": set(),  # stdlib only: it must run before anything imports torch
     "forkserver": {"cli", "runtime"},
-    "stages": {"privacy", "merge", "diagnostics", "report", "training", "models", "data", "artifacts", "metrics",
-               "epsilon", "methods", "runtime"},
+    "stages": {"privacy", "merge", "checkpoints", "diagnostics", "report", "training", "models", "data", "artifacts",
+               "metrics", "epsilon", "methods", "runtime"},
     # the config check reads only the torch-free registries (the catalog test below holds it to that)
     "config_check": {"data", "epsilon", "methods", "merge", "models", "training"},
     # the Snakefile's view: only the torch-free registries and helpers of the rooms it names
     "catalog": {"config_check", "epsilon", "methods", "models", "training", "data", "merge", "report"},
     "diagnostics": {"models", "artifacts", "metrics", "runtime"},
     "report": {"artifacts", "epsilon", "methods", "runtime"},
-    "merge": {"artifacts", "epsilon", "runtime"},  # pure tensor code: no data, no privacy, no training
+    "merge": {"checkpoints", "artifacts", "epsilon", "runtime"},  # pure tensor code: no data, privacy, training
     "training": {"privacy", "models", "artifacts", "epsilon", "methods", "runtime"},
     "privacy": {"models", "artifacts", "epsilon", "runtime"},  # models: private statistics run the backbone
     "models": {"artifacts", "metrics", "runtime"},
     "data": {"metrics", "runtime"},
+    # checkpoints as people have them (a file, shards, a model folder), read and written in their own layout
+    "checkpoints": {"artifacts", "runtime"},
     "artifacts": {"runtime"},
     "metrics": set(),
     "epsilon": set(),

@@ -52,7 +52,7 @@ PRIVACY_FIELDS = (
 )
 
 
-def _umask() -> int:
+def current_umask() -> int:
     try:  # Linux states it without changing it (os.umask can only read by setting, process-wide)
         with open("/proc/self/status") as status:
             for line in status:
@@ -91,7 +91,7 @@ def atomic_write(path: str | Path, write, *, private: bool = False) -> None:
     try:
         write(tmp)
         if not private:
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -215,11 +215,12 @@ class SafetensorsFile:
 
 
 def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]],
-                            tensors, metadata: dict | None = None) -> None:
+                            tensors, metadata: dict | None = None, *, encoded: bool = False) -> None:
     """Write a safetensors file from an iterator of (name, tensor) in `layout` order, holding one at a time.
 
-    `layout` (name -> (dtype, shape)) fixes the header up front; each produced tensor must match it. Written
-    atomically: a failure midway leaves no file.
+    `layout` (name -> (dtype, shape)) fixes the header up front; each produced tensor must match it. Metadata
+    values are stored as JSON, or as the strings they are when `encoded` (another tool's fields, e.g.
+    save_pretrained's {"format": "pt"}). Written atomically: a failure midway leaves no file.
     """
     names = list(layout)
     header, offset = {}, 0
@@ -229,7 +230,7 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
         header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     if metadata:
-        header["__metadata__"] = {key: json.dumps(value) for key, value in metadata.items()}
+        header["__metadata__"] = {key: value if encoded else json.dumps(value) for key, value in metadata.items()}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
 
@@ -303,12 +304,18 @@ def all_finite(value: torch.Tensor) -> bool:
 
 
 def file_tensors_sha256(path: str | Path, *, finite: bool = False) -> str:
-    """tensors_sha256 of a safetensors file's tensors, read one tensor at a time (for streaming merges).
+    """tensors_sha256 of a safetensors file's tensors, read one tensor at a time (for streaming merges)."""
+    return tensors_sha256_of(SafetensorsFile(path), finite=finite)
+
+
+def tensors_sha256_of(file, keys=None, *, finite: bool = False) -> str:
+    """tensors_sha256 of the tensors `keys` (default: all) of an opened file or checkpoint (anything with keys()
+    and get_tensor(), e.g. checkpoints.ShardedCheckpoint), read one tensor at a time: the same hash whether the
+    tensors sit in one file or in shards.
 
     With `finite`, a floating-point tensor holding NaN or Inf is refused (the pass reads every byte anyway)."""
     digest = hashlib.sha256()
-    file = SafetensorsFile(path)
-    for key in file.keys():
+    for key in sorted(file.keys() if keys is None else keys):
         value = file.get_tensor(key)
         if finite and value.is_floating_point() and not all_finite(value):
             raise SafetensorsFileError(f"{file.path}: tensor {key!r} contains NaN or Inf")

@@ -8,9 +8,9 @@ Torch-free: the merge operators listed in `merge --help` come from the catalog's
 from __future__ import annotations
 
 import argparse
-import json
 
 from dpmerge.cli_help import command_listing, example_epilog
+from dpmerge.cli_types import DefaultsShown, KeyValues, NamedGroups, NamedPaths, json_object
 from dpmerge.methods import METHODS
 
 METHOD_NAMES = ", ".join(METHODS)
@@ -36,86 +36,6 @@ def _version() -> str:
         return version("dpmerge")
     except PackageNotFoundError:
         return "unknown (not installed)"
-
-
-def json_object(text: str) -> dict:
-    """A flag's JSON object (--backbone-spec, --hparams, --candidates), refused with the reason otherwise."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
-    return value
-
-
-class KeyValues(argparse.Action):
-    """Repeatable key=value into one dict; a value is read as JSON where it parses (0.3, true, "x"), else as text."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-
-        if "=" not in value:
-            parser.error(f"{option_string} expects key=value, got {value!r}")
-        key, raw = value.split("=", 1)
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError:
-            parsed = raw
-        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), key: parsed})
-
-
-class NamedPaths(argparse.Action):
-    """NAME=PATH items into {name: path} (the name may hold '=', the path not)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        named = dict(getattr(namespace, self.dest) or {})
-        for item in values if isinstance(values, list) else [values]:
-            name, separator, path = item.rpartition("=")
-            if not separator or not name:
-                parser.error(f"{option_string} {item!r}: expected NAME=PATH")
-            named[name] = path
-        setattr(namespace, self.dest, named)
-
-
-class NamedGroups(argparse.Action):
-    """NAME=CLASS[,CLASS...] items into {name: [class, ...]}."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        name, separator, classes = value.partition("=")
-        listed = [c for c in classes.split(",") if c]
-        if not separator or not name or not listed:
-            parser.error(f"{option_string} {value!r}: expected NAME=CLASS[,CLASS...] naming at least one class")
-        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), name: listed})
-
-
-class DefaultsShown(argparse.HelpFormatter):
-    """Every optional flag's help ends with its default, so `--help` alone tells what a bare call does. Prose is
-    wrapped to the terminal; a paragraph with indented lines (the command listing, an example) is printed as
-    written, so an example stays one command to copy."""
-
-    def _fill_text(self, text, width, indent):
-        fill = super()._fill_text
-        return "\n\n".join(paragraph if paragraph.startswith(" ") or "\n " in paragraph
-                           else fill(paragraph, width, indent) for paragraph in text.split("\n\n"))
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
-                or "default" in text.lower()):
-            return text
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            shown = "on" if action.default else "off"
-        elif action.default is None or action.default == []:
-            shown = "none"
-        elif action.default == "":
-            shown = "empty"
-        else:
-            shown = "%(default)s"
-        return f"{text} (default: {shown})" if text else f"default: {shown}"
-
-
-class DescribedDefaultsShown(argparse.RawDescriptionHelpFormatter, DefaultsShown):
-    """The benchmarks' help: their module docstring verbatim, then every flag with its default."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -371,17 +291,25 @@ def build_parser() -> argparse.ArgumentParser:
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
                     for name, op in OPERATOR_SPECS.items())
     p = add("merge", "merge.merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")
-    p.add_argument("task_vectors", nargs="+", help="task vector .safetensors files")
+    p.add_argument("task_vectors", nargs="+",
+                   help="task vectors: .safetensors files, sharded checkpoints (*.safetensors.index.json) or model "
+                        "folders ('dpmerge task-vector' makes one from a pretrained and a fine-tuned checkpoint)")
     p.add_argument("--method", dest="operator", required=True, help="merge operator name (listed above)")
     p.add_argument("--vectors", choices=["task", "difference"], default="task",
                    help="merge the task vectors tau_t, or the difference vectors tau_t - mean(tau) around the "
                         "weight average (the result is then the average plus the merged differences); default task")
     p.add_argument("--name", help="label of this merge in scores and tables (default: the method, with "
                                   "'_difference' appended for difference vectors)")
-    p.add_argument("--base", required=True, help="pretrained w0 .safetensors (from 'dpmerge pretrained')")
+    p.add_argument("--base", required=True,
+                   help="pretrained w0: from 'dpmerge pretrained', or any checkpoint (file, sharded index, model "
+                        "folder) holding every tensor of the vectors; its other tensors pass through unchanged")
     p.add_argument("--param", action=KeyValues, dest="params", default={},
                    help="operator hyperparameter key=value (repeatable)")
-    p.add_argument("-o", "--out", required=True, help="merged model .safetensors")
+    p.add_argument("-o", "--out", help="merged model .safetensors, with the merge's record in its metadata "
+                                       "(give -o, --output-model or both)")
+    p.add_argument("--output-model", default=None,
+                   help="also (or instead) write w0 + merged vector in the base's layout: a model folder as base "
+                        "gives a new folder with its config, tokenizer and shards, loadable by from_pretrained")
 
     p.add_argument("--statistics", help="per-task data statistics for regmean / fisher (from 'dpmerge statistics')")
     p.add_argument("--require-privacy-record", action="store_true",
@@ -389,6 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "and record 'privacy: none recorded'; the pipeline always passes this)")
     p.add_argument("--allow-single", action="store_true",
                    help="accept one task vector (default: refuse, a merge of one is usually a mistaken glob)")
+
+    p = add("task-vector", "task_vector.task_vector",
+            "A task vector tau = w_finetuned - w_pretrained from two checkpoints as people have them (a .safetensors "
+            "file, a sharded *.safetensors.index.json, or a model folder from save_pretrained), one tensor at a "
+            "time. Floating-point tensors both hold at one shape enter it; the rest (a new head, buffers) are "
+            "listed and recorded. A fine-tuned checkpoint of a model with a head whose names carry a prefix "
+            "(bert.embeddings... against embeddings...) is matched to the pretrained names. Carries no privacy "
+            "record: 'dpmerge merge' merges it with a warning.")
+    p.add_argument("--pretrained", required=True, help="the pretrained checkpoint (file, sharded index or folder)")
+    p.add_argument("--finetuned", required=True, help="the fine-tuned checkpoint (file, sharded index or folder)")
+    p.add_argument("--dtype", choices=["pretrained", "float32"], default="pretrained",
+                   help="precision tau is stored in: the pretrained tensor's own, or float32 (differences of "
+                        "bfloat16 weights keep their low bits)")
+    p.add_argument("-o", "--out", required=True, help="task vector .safetensors")
 
     p = add("statistics", "merge.statistics",
             "Per-task RegMean Gram matrices or Fisher diagonals of a release group's task models w0 + tau_t, the "

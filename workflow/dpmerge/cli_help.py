@@ -19,7 +19,8 @@ W0 = "results/pretrained/effnet.safetensors"
 RESEARCHER_COMMANDS = {
     "make-standins": "tiny random CLIP, RoBERTa and paper datasets to try things on",
     "prepare-data": "download one of the paper's datasets (online)",
-    "merge": "merge task vectors with one operator (any safetensors files)",
+    "task-vector": "a task vector from a pretrained and a fine-tuned checkpoint",
+    "merge": "merge task vectors with one operator (files, shards, model folders)",
     "statistics": "the Gram / Fisher statistics regmean and fisher merges read",
     "evaluate": "score individual or merged models on every task",
     "table": "a paper table (Tables 1-8) from evaluation files",
@@ -58,6 +59,7 @@ PIPELINE_STEPS = {
 EXAMPLES = {
     "make-standins": ["dpmerge make-standins --out standins"],
     "prepare-data": ["dpmerge prepare-data --task cars --data-dir data"],
+    "task-vector": ["dpmerge task-vector --pretrained bert-base/ --finetuned bert-sst2/ -o sst2.safetensors"],
     "merge": [f"dpmerge merge --method ties --param density=0.2 --base {W0}",
               f"-o merged.safetensors {GROUP}/*.safetensors"],
     "statistics": ["dpmerge statistics --kind gram --source private",

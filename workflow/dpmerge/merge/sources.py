@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from dpmerge.artifacts import SafetensorsFile, all_finite
+from dpmerge.artifacts import all_finite
+from dpmerge.checkpoints import open_checkpoint
 
 TaskVector = dict[str, torch.Tensor]
 
@@ -105,9 +106,10 @@ class InMemorySource(VectorSource):
 
 
 class SafetensorsSource(VectorSource):
-    """Task vectors in safetensors files, read lazily through the safetensors library (artifacts.SafetensorsFile:
-    headers checked on opening, complete reads): a tensor is read from disk only when asked for, and memory holds
-    only the tensors still referenced (no memory map keeps earlier ones resident)."""
+    """Task vectors in safetensors files, sharded checkpoints or model folders (checkpoints.open_checkpoint), read
+    lazily through the safetensors library (artifacts.SafetensorsFile: headers checked on opening, complete
+    reads): a tensor is read from disk only when asked for, and memory holds only the tensors still referenced
+    (no memory map keeps earlier ones resident)."""
 
     def __init__(self, paths: list[str | Path], statistics: StatisticsSource | None = None):
 
@@ -115,7 +117,7 @@ class SafetensorsSource(VectorSource):
         if not paths:
             raise ValueError("merging needs at least one task vector")
         self.names = [str(p) for p in paths]
-        self.files = [SafetensorsFile(p) for p in paths]
+        self.files = [open_checkpoint(p) for p in paths]
         structures = [f.structure() for f in self.files]
         check_same_structure(self.names, structures)
         self._keys = list(structures[0])

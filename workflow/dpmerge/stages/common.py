@@ -65,10 +65,12 @@ def check_w0_labels(path: str, w0_meta: dict, metas: list[dict], vector_paths: l
 
 
 def check_w0_content(path: str, w0_meta: dict, content: str, metas: list[dict], vector_paths: list[str],
-                     strict: bool) -> None:
+                     strict: bool, vectors_content: str | None = None) -> None:
     """Refuse a w0 whose content hash `content` (artifacts.tensors_sha256) is not the `w0_sha256` it was
-    written with, or not the one each task vector records for the w0 it was trained from. Not `strict`
-    (vectors from anyone): a vector recording no hash passes with a warning; `strict`, it is refused."""
+    written with, or whose hash over the vectors' tensors (`vectors_content`, default `content`: a base of
+    exactly the vectors' tensors) is not the one each task vector records for the w0 it was trained from. Not
+    `strict` (vectors from anyone): a vector recording no hash passes with a warning; `strict`, it is refused."""
+    vectors_content = vectors_content or content
     written = w0_meta.get("w0_sha256")
     if written is not None and written != content:
         raise ValueError(f"{path}: its tensors hash to {content[:16]}..., not to the w0_sha256 {str(written)[:16]}... "
@@ -83,9 +85,9 @@ def check_w0_content(path: str, w0_meta: dict, content: str, metas: list[dict], 
             raise ValueError(f"{vector_path} records no w0_sha256, the content hash of the w0 it was trained from "
                              f"(vectors released before 'dpmerge finetune' recorded it lack it), so {path} cannot be "
                              "checked against it: fine-tune it again")
-        if recorded != content:
+        if recorded != vectors_content:
             raise ValueError(f"{path} is not the w0 {vector_path} was trained from: its tensors hash to "
-                             f"{content[:16]}..., the vector records w0_sha256 {str(recorded)[:16]}...")
+                             f"{vectors_content[:16]}..., the vector records w0_sha256 {str(recorded)[:16]}...")
     if unchecked:
         more = ", ..." if len(unchecked) > 1 else ""
         warn(f"{len(unchecked)} task vector(s) record no w0_sha256 ({unchecked[0]}{more}): nothing checks that "

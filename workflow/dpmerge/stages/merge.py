@@ -5,7 +5,11 @@ streamed tensor by tensor into w0 + merged vector).
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
+from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -18,13 +22,14 @@ from dpmerge.artifacts import (
     load_prepared,
     load_tensors,
     missing_privacy_fields,
-    read_metadata,
     save_tensors,
+    tensors_sha256_of,
     write_tensors_streaming,
 )
+from dpmerge.checkpoints import open_checkpoint, output_model_path, write_model_like
 from dpmerge.epsilon import epsilon_value
 from dpmerge.merge.registry import is_part, resolve_merge
-from dpmerge.merge.sources import SafetensorsSource, StatisticsSource, check_same_structure
+from dpmerge.merge.sources import SafetensorsSource, StatisticsSource
 from dpmerge.merge.specs import NEEDS_STATISTICS
 from dpmerge.merge.storage import personalized_storage
 from dpmerge.models.base import task_model_weights
@@ -45,10 +50,17 @@ from dpmerge.stages.common import (
 )
 
 
-def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vectors: str = "task",
-          name: str | None = None, params: dict | None = None, statistics: str | None = None,
-          require_privacy_record: bool = False, allow_single: bool = False) -> None:
+def merge(*, operator: str, task_vectors: list[str], base: str, out: str | None = None,
+          output_model: str | None = None, vectors: str = "task", name: str | None = None,
+          params: dict | None = None, statistics: str | None = None, require_privacy_record: bool = False,
+          allow_single: bool = False) -> None:
     """Merge task vectors with `operator` (hyperparameters `params`) into a model w0 + merged vector.
+
+    Vectors and base are checkpoints as people have them (checkpoints.open_checkpoint: a safetensors file, a
+    sharded index or a model folder, save_pretrained's metadata included). The base may hold more than the
+    vectors (a full checkpoint): its other tensors pass through unchanged. `out` is one safetensors file with
+    the merge's record; `output_model` (or both) writes the same weights in the base's layout
+    (checkpoints.write_model_like: a model folder keeps its config), loadable by `from_pretrained`.
 
     `vectors` "task" merges the task vectors, "difference" their differences around the weight average.
     RegMean and Fisher read `statistics` (from `statistics` below), checked against the vectors, and the base
@@ -63,12 +75,22 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
     refused.
     """
     plan = resolve_merge(operator, vectors, **(params or {}))  # checked now, before anything is read
-    check_output_path(out)
+    if not out and not output_model:
+        raise ValueError("give -o/--out (a merged .safetensors file), --output-model (a checkpoint in the base's "
+                         "layout) or both")
+    if out:
+        check_output_path(out)
+    if output_model:
+        if plan.personalized:
+            raise ValueError(f"{operator} keeps per-task parts beside the shared model, one model per task: "
+                             "--output-model writes one model; use -o")
+        output_model_path(base, output_model)
     check_distinct_paths(task_vectors, allow_single)
     metas, recorded = merge_records(task_vectors, require_privacy_record)
     if recorded:
         check_release_group(metas)
-    w0, w0_sha256 = checked_base(base, metas, task_vectors, strict=recorded)
+    covered = open_checkpoint(task_vectors[0]).keys()
+    w0, w0_sha256 = checked_base(base, metas, task_vectors, covered, strict=recorded)
     inputs = distinct_inputs(task_vectors)  # each vector read and hashed once, here
     statistics_source, statistics_meta = None, None
     if operator in NEEDS_STATISTICS and not recorded:
@@ -89,10 +111,13 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         if merged.is_floating_point() and not torch.isfinite(merged).all():
             raise ValueError(f"{operator} gave NaN or Inf in tensor {key!r} ({int((~torch.isfinite(merged)).sum())} "
                              f"of {merged.numel()} entries); nothing was written")
+        if source.files[0].dtype(key) != w0.dtype(key):  # e.g. float32 vectors of a bfloat16 base: add, then round
+            return task_model_weights({key: w0.get_tensor(key)}, {key: merged})[key].to(w0.dtype(key))
         return task_model_weights({key: w0.get_tensor(key)}, {key: merged.to(w0.dtype(key))})[key]
 
     source = SafetensorsSource(task_vectors, statistics_source)  # every vector has the first one's tensors...
-    check_same_structure([base, task_vectors[0]], [w0.structure(), source.files[0].structure()])
+    check_base_covers(base, w0, task_vectors[0], source.files[0])
+    passed_through = [key for key in w0.keys() if key not in set(source.keys())]
     # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
     # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
     merged_model = (
@@ -100,10 +125,12 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         for key, merged in plan.stream(source)
     )
     merged_model = logged_tensors(merged_model, len(source.keys()), operator)
+    # the base's tensors no vector covers (a full checkpoint's frozen parts, buffers), unchanged
+    merged_model = chain(merged_model, ((key, w0.get_tensor(key)) for key in passed_through))
     name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
     # named relative to the results folder, never by this machine's absolute paths (recorded_paths)
     files = [*task_vectors, base, *([statistics] if statistics else [])]
-    named = dict(zip(files, recorded_paths(files, out)))
+    named = dict(zip(files, recorded_paths(files, out or output_model)))
     inputs = [{**entry, "path": named[path]} for entry, path in zip(inputs, task_vectors)]
     meta = {
         "artifact": "merged_model",
@@ -120,6 +147,8 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         "inputs": inputs,
         "base": {"path": named[base], "sha256": w0_sha256},
     }
+    if passed_through:
+        meta["base"]["passed_through"] = len(passed_through)
     if recorded:
         meta["release_epsilon"], meta["release_delta"] = merged_release_budget(metas, statistics_meta)
     else:
@@ -135,10 +164,51 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str, vector
         log(f"[merge] {operator}: {extra / 8 / 2**20:.2f} MiB per task beside the shared model "
             f"({100 * extra / model:.1f} % of one model)")
     layout = plan.stored_layout(layout, len(metas))
-    with compute_section("merge (read, merge and write, streamed)", log):
-        write_tensors_streaming(out, layout, merged_model, meta)  # a failure midway leaves no file
+    layout.update({key: (w0.dtype(key), w0.shape(key)) for key in passed_through})
+    with compute_section("merge (read, merge and write, streamed)", log), merged_file(out, output_model) as path:
+        write_tensors_streaming(path, layout, merged_model, meta)  # a failure midway leaves no file
+        if output_model:
+            write_model_like(base, SafetensorsFile(path), output_model, meta)
+    written = " and ".join(str(p) for p in (out, output_model) if p)
+    passed = f", {len(passed_through)} tensors of the base passed through" if passed_through else ""
     log(f"[merge] {name}: {operator} {plan.hyperparameters} of {vectors} vectors over {len(metas)} task vectors "
-        f"(streamed) -> {out}")
+        f"(streamed{passed}) -> {written}")
+
+
+@contextmanager
+def merged_file(out: str | None, output_model: str):
+    """The path the merged weights are streamed to: `out`, or without one a temporary file beside the output
+    model that is gone afterwards (the model in the base's layout is copied from it one tensor at a time)."""
+    if out:
+        yield out
+        return
+    folder = Path(output_model).absolute().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{Path(output_model).name}.", suffix=".safetensors", dir=folder)
+    os.close(handle)
+    try:
+        yield temporary
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
+def check_base_covers(base: str, w0, first_vector: str, vector) -> None:
+    """The base holds every tensor the vectors hold, at their shape, and at their dtype or, both floating point,
+    another precision (float32 vectors of a bfloat16 model); it may hold more (a full checkpoint, whose other
+    tensors pass through). Errors name both files and the tensor."""
+    held = set(w0.keys())
+    missing = [key for key in vector.keys() if key not in held]
+    if missing:
+        raise ValueError(f"{base} lacks tensors that {first_vector} has: {missing[:5]} (the base must hold every "
+                         f"tensor of the task vectors; {len(missing)} missing)")
+    for key in vector.keys():
+        if w0.shape(key) != vector.shape(key):
+            raise ValueError(f"{first_vector}: tensor {key!r} has shape {vector.shape(key)}, {base} has "
+                             f"{w0.shape(key)}")
+        same = w0.dtype(key) == vector.dtype(key)
+        if not same and not (w0.dtype(key).is_floating_point and vector.dtype(key).is_floating_point):
+            raise ValueError(f"{first_vector}: tensor {key!r} has dtype {vector.dtype(key)}, {base} has "
+                             f"{w0.dtype(key)}")
 
 
 def logged_tensors(items, total: int, operator: str, every_seconds: float = 10.0):
@@ -174,7 +244,7 @@ def check_distinct_paths(paths: list[str], allow_single: bool) -> None:
 def merge_records(paths: list[str], require_privacy_record: bool) -> tuple[list[dict], bool]:
     """Each vector's metadata and whether all of them are releases (full privacy records), checked as such:
     within budget, one vector per task. Without records (unless required) the merge goes on, warned."""
-    metas = [read_metadata(path) for path in paths]
+    metas = [open_checkpoint(path).metadata for path in paths]
     if require_privacy_record:
         for path, meta in zip(paths, metas):
             check_privacy_record(meta, path)
@@ -207,7 +277,7 @@ def distinct_inputs(paths: list[str]) -> list[dict]:
     two names: one task counted twice is not a merge of two tasks."""
     inputs, seen = [], {}
     for path in paths:
-        digest = file_tensors_sha256(path)
+        digest = tensors_sha256_of(open_checkpoint(path))
         if digest in seen:
             raise ValueError(f"{path} holds the same tensors as {seen[digest]}: each task vector once")
         seen[digest] = path
@@ -215,10 +285,11 @@ def distinct_inputs(paths: list[str]) -> list[dict]:
     return inputs
 
 
-def checked_base(path: str, metas: list[dict], vector_paths: list[str], strict: bool = True):
+def checked_base(path: str, metas: list[dict], vector_paths: list[str], covered: list[str], strict: bool = True):
     """The base w0 at `path`, opened, and its content hash, once it has been checked as an input like any other:
-    a valid safetensors file, read completely, every tensor finite, and the very weights the task vectors
-    (`metas`, read from `vector_paths`) are differences from.
+    a valid checkpoint, read completely, every tensor finite, and the very weights the task vectors (`metas`,
+    read from `vector_paths`; they hold the tensors `covered`) are differences from. A base holding more than
+    the vectors (a full checkpoint) is compared with them on the tensors they cover.
 
     What is compared with what: a vector's `pretrained_sha256` is the hash of the backbone's checkpoint file,
     which w0 (the trainable top of that checkpoint, re-serialised by rule `pretrained`) cannot be hashed back to,
@@ -231,10 +302,13 @@ def checked_base(path: str, metas: list[dict], vector_paths: list[str], strict: 
     sides have one; a vector without `w0_sha256` is let through with a warning, since nothing can say which
     weights it is a difference from. The file itself is checked in full either way.
     """
-    w0 = SafetensorsFile(path)
+    w0 = open_checkpoint(path)
     check_w0_labels(path, w0.metadata, metas, vector_paths, strict)
-    content = file_tensors_sha256(path, finite=True)
-    check_w0_content(path, w0.metadata, content, metas, vector_paths, strict)
+    content = tensors_sha256_of(w0, finite=True)
+    covered_content = content
+    if set(covered) != set(w0.keys()) and set(covered) <= set(w0.keys()):
+        covered_content = tensors_sha256_of(w0, covered)
+    check_w0_content(path, w0.metadata, content, metas, vector_paths, strict, vectors_content=covered_content)
     return w0, content
 
 
