@@ -27,6 +27,8 @@ ROOMS_BELOW = {
     "private_folders": set(),  # stdlib only: the Snakefile makes the private result folders 0700 while parsed
     "openmp_wait": set(),  # stdlib only: it must run before anything imports torch
     "forkserver": {"cli", "runtime"},
+    # dpmerge from Python (a notebook's face): the library's rooms, no stages, no results folders
+    "api": {"training", "privacy", "merge", "models", "artifacts", "metrics", "methods", "runtime"},
     "stages": {"privacy", "merge", "checkpoints", "diagnostics", "report", "training", "models", "data", "artifacts",
                "metrics", "epsilon", "methods", "runtime"},
     # the config check reads only the torch-free registries (the catalog test below holds it to that)
