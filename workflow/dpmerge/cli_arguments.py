@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None,
                    help="directory holding the paper's datasets (data/paper.py layouts); embedded tasks ignore it")
     p.add_argument("--workers", type=int, default=1, help="threads decoding a paper dataset's images")
+    p.add_argument("--own-task", type=json_object, default=None,
+                   help='your own task\'s config entry as JSON, e.g. \'{"images": "scans", "test_fraction": 0.2}\' '
+                        "(the config's own_tasks; docs/your-own.md)")
     p.add_argument("--validation-fraction", type=float, default=None,
                    help="hold this fraction of the training subset out as the evaluation split and never read the "
                         "test split (the budget protocol; default: evaluate on the test split)")

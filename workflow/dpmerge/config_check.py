@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 # Only torch-free registries: the Snakefile runs these checks before any job (tests/test_structure.py).
+from dpmerge.data.own import OwnTaskError, check_entry, modality_of
 from dpmerge.data.registry import TASKS
 from dpmerge.epsilon import eps_label
 from dpmerge.merge.checks import check_hyperparameters
@@ -57,6 +58,7 @@ def check_config(config: dict) -> None:
         validate(config, schema=str(SCHEMA))
     except WorkflowError as error:
         raise ConfigError(schema_error(config, error)) from None
+    _check_own_tasks(config)
     _check_backbones(config)
     _check_method_names(config)
     _check_privacy(config)
@@ -225,6 +227,20 @@ def _describe(schema: dict) -> str:
     return f"{words} ({', '.join(bounds)})" if bounds else words
 
 
+def _check_own_tasks(config):
+    """Each own task's declaration (data/own.py check_entry: fields, source, metric), without reading its data;
+    a name the registry already has would be ambiguous."""
+    for name, entry in (config.get("own_tasks") or {}).items():
+        if name in TASKS:
+            raise ConfigError(f"own_tasks.{name}: {name!r} is a task dpmerge already has; give yours another name")
+        if not name.replace("_", "").isalnum():
+            raise ConfigError(f"own_tasks.{name}: a task name is letters, digits and underscores (it names files)")
+        try:
+            check_entry(name, entry)
+        except OwnTaskError as error:
+            raise ConfigError(str(error)) from None
+
+
 def _check_backbones(config):
     for name, backbone in config["backbones"].items():
         modality = BACKBONES[backbone["kind"]].modality
@@ -235,10 +251,16 @@ def _check_backbones(config):
                               f"options: {', '.join(BACKBONES[backbone['kind']].options)})")
         if backbone["kind"] == "open_clip" and "model" not in backbone:
             raise ConfigError(f"backbones.{name}.model: kind open_clip needs an open_clip model name or config JSON")
+        own = config.get("own_tasks") or {}
         for task in backbone["tasks"]:
+            if task in own:
+                if modality_of(own[task]) != modality:
+                    raise ConfigError(f"backbones.{name}.tasks: own task {task!r} is a {modality_of(own[task])} "
+                                      f"task, but {backbone['kind']!r} is a {modality} backbone")
+                continue
             if task not in TASKS:
-                raise ConfigError(f"backbones.{name}.tasks: unknown task {task!r}; "
-                                  f"known tasks: {', '.join(sorted(TASKS))}")
+                raise ConfigError(f"backbones.{name}.tasks: unknown task {task!r}; known tasks: "
+                                  f"{', '.join(sorted(TASKS))}, or declare it under own_tasks")
             if TASKS[task].needs_data_dir and not config["data"].get("dir"):
                 raise ConfigError(f"backbones.{name}.tasks: {task!r} is read from a data directory; set data.dir "
                                   "(`dpmerge prepare-data --help` writes the expected layout)")
@@ -248,13 +270,17 @@ def _check_backbones(config):
         public = backbone.get("public_data")
         if public is not None:
             private = {task: other for other, entry in config["backbones"].items() for task in entry["tasks"]}
-            if public not in TASKS:
+            if public in own:
+                if modality_of(own[public]) != modality:
+                    raise ConfigError(f"backbones.{name}.public_data: own task {public!r} is not a {modality} "
+                                      "dataset")
+            elif public not in TASKS:
                 raise ConfigError(f"backbones.{name}.public_data: unknown dataset {public!r}; known: "
                                   f"{', '.join(sorted(TASKS))}")
             if public in private:
                 raise ConfigError(f"backbones.{name}.public_data: {public!r} is a private task (of backbone "
                                   f"{private[public]!r}); public data must lie outside every private training set")
-            if TASKS[public].modality != modality:
+            if public not in own and TASKS[public].modality != modality:
                 raise ConfigError(f"backbones.{name}.public_data: {public!r} is a {TASKS[public].modality} "
                                   f"dataset, but {backbone['kind']!r} is a {modality} backbone")
 

@@ -23,10 +23,13 @@ rule pretrained:
 
 
 rule prepare:
+    input:
+        own_task_files,
     output:
         DATA,
     params:
         spec=backbone_spec,
+        own_task=own_task_argument,
         max_train=config["data"]["max_train"] or 0,
         max_test=config["data"]["max_test"] or 0,
         seed=config["data"]["seed"],
@@ -51,7 +54,7 @@ rule prepare:
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
         "--data-seed {params.seed} {params.validation} "
-        f"{DATA_DIR_ARGUMENT} "
+        f"{DATA_DIR_ARGUMENT} {{params.own_task}} "
         "--workers {threads} --threads {threads} --out {output} > {log} 2>&1"
 
 

@@ -149,6 +149,24 @@ DATA_DIR_ARGUMENT = (
     f"--data-dir {shlex.quote(os.path.abspath(config['data']['dir']))}" if config["data"].get("dir") else ""
 )
 
+# A researcher's own tasks (config own_tasks, dpmerge/data/own.py): their files are the prepare job's inputs, so
+# editing the data reruns what read it; their paths are handed over absolute, as the data directory's are.
+OWN_TASKS = config.get("own_tasks") or {}
+OWN_TASK_PATHS = ("images", "table", "dataset", "test")
+
+
+def own_task_files(wildcards):
+    entry = OWN_TASKS.get(wildcards.task) or {}
+    return [entry[key] for key in OWN_TASK_PATHS if key in entry]
+
+
+def own_task_argument(wildcards):
+    entry = OWN_TASKS.get(wildcards.task)
+    if entry is None:
+        return ""
+    absolute = {key: os.path.abspath(value) if key in OWN_TASK_PATHS else value for key, value in entry.items()}
+    return "--own-task " + shlex.quote(json.dumps(absolute, sort_keys=True))
+
 
 def finetune_settings(backbone, method):
     return configured_finetune_settings(config, backbone, method)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 
 from dpmerge.data import bbc, embedded, patches
 from dpmerge.data.fixed_split import FullSplit
+from dpmerge.data.own_readers import read_own_task
 from dpmerge.data.paper import read_split
 from dpmerge.data.registry import EMBEDDED_TASKS, TASKS, TaskSpec
 
@@ -82,8 +84,10 @@ def load_task(
     data_dir: str | Path | None = None,
     workers: int = 1,
     validation_fraction: float | None = None,
+    own: dict | None = None,
 ) -> TaskData:
-    """Load task ``name`` (a key of :data:`TASKS`).
+    """Load task ``name`` (a key of :data:`TASKS`, or a researcher's own task declared by ``own``, its config
+    entry: data/own.py).
 
     ``image_size`` sets the side of vision images (ignored for text).
     ``max_train`` / ``max_test`` (None = everything) keep a seeded random
@@ -98,9 +102,9 @@ def load_task(
     (presets/protocol.yaml) scores candidates there, so the test split decides nothing.
     Raises ValueError for an unknown name or invalid argument, paper_split.MissingDataError for absent data.
     """
-    if name not in TASKS:
+    if own is None and name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    if TASKS[name].needs_data_dir and data_dir is None:
+    if own is None and TASKS[name].needs_data_dir and data_dir is None:
         raise ValueError(f"task {name!r} is read from a data directory: set data.dir in the config "
                          "(see `dpmerge prepare-data --help`)")
     if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 1:
@@ -108,8 +112,11 @@ def load_task(
     _check_count(max_train, "max_train")
     _check_count(max_test, "max_test")
 
-    spec = TASKS[name]
-    full = _paper_split(name, str(Path(data_dir).resolve()), workers) if spec.needs_data_dir else _full_split(name)
+    if own is not None:
+        spec, full = _own_split(name, json.dumps(own, sort_keys=True), workers)
+    else:
+        spec = TASKS[name]
+        full = _paper_split(name, str(Path(data_dir).resolve()), workers) if spec.needs_data_dir else _full_split(name)
     # Separate streams for train and test so that max_train never changes
     # which test examples are drawn, and vice versa.
     train_idx = _subset_indices(len(full.train_labels), max_train, np.random.default_rng([seed, 0]))
@@ -176,8 +183,17 @@ class LazyInputs:
 
 @functools.lru_cache(maxsize=None)
 def _paper_split(name: str, data_dir: str, workers: int) -> FullSplit:
-    split = read_split(name, data_dir)
-    if TASKS[name].modality == "vision":
+    return _lazily_rendered(read_split(name, data_dir), workers)
+
+
+@functools.lru_cache(maxsize=None)
+def _own_split(name: str, entry: str, workers: int) -> tuple[TaskSpec, FullSplit]:
+    spec, split = read_own_task(name, json.loads(entry))
+    return spec, _lazily_rendered(split, workers)
+
+
+def _lazily_rendered(split, workers: int) -> FullSplit:
+    if split.input_kind == "image":
         def render(refs, size):
             return LazyInputs(refs, split.render, size, workers)
     else:

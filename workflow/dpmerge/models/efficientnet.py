@@ -122,7 +122,9 @@ class EfficientNetLite0(Backbone):
         self._std = torch.tensor(IMAGENET_STD).reshape(1, 3, 1, 1)
 
     def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
-        images = torch.as_tensor(inputs, dtype=torch.float32)
+        images = torch.as_tensor(inputs)
+        # uint8 pixels (the paper's and own image folders' crops) or floats in [0, 1] (the embedded tasks)
+        images = images.float() / 255 if images.dtype == torch.uint8 else images.to(torch.float32)
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"expected images [N,3,H,W], got shape {tuple(images.shape)}")
         return ((images - self._mean) / self._std,)

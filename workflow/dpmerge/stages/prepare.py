@@ -23,8 +23,9 @@ from dpmerge.stages.common import log
 
 def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_train: int | None = None,
             max_test: int | None = None, data_seed: int = 0, data_dir: str | None = None, workers: int = 1,
-            validation_fraction: float | None = None) -> None:
+            validation_fraction: float | None = None, own_task: dict | None = None) -> None:
     """Load a task, run the frozen trunk once over it, save features and labels (artifacts.save_prepared).
+    `own_task`: the config's entry of a researcher's own task (data/own.py), read from its files.
     With `validation_fraction` the evaluation split is held out of the training subset (data.loading).
     `max_train`, `max_test`: caps on the seeded subsets (None or 0: no cap)."""
     network = backbone_from_spec(backbone_spec)
@@ -32,7 +33,7 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
     data = load_task(
         task, image_size=int(backbone_spec.get("image_size", 64)), max_train=max_train or None,
         max_test=max_test or None,
-        seed=data_seed, data_dir=data_dir, workers=workers, validation_fraction=validation_fraction,
+        seed=data_seed, data_dir=data_dir, workers=workers, validation_fraction=validation_fraction, own=own_task,
     )
     if data.spec.modality != network.modality:
         raise ValueError(f"task {task!r} is a {data.spec.modality} task but backbone {backbone!r} is a "
