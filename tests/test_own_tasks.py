@@ -14,6 +14,7 @@ from PIL import Image
 from conftest import TEST_STUDY_KEY
 from dpmerge.config_check import ConfigError, check_config
 from dpmerge.data.loading import load_task
+from test_own_backbones import write_tiny_bert, write_tiny_resnet
 from test_pipeline import TINY
 from workflow_runs import SNAKEMAKE, snakemake_env
 
@@ -158,18 +159,22 @@ def test_a_text_task_on_an_image_backbone_is_refused(tmp_path):
         check_config(config_with({"reviews": {"table": str(tmp_path / "r.csv")}}, ["reviews", "digits"]))
 
 
-def test_a_study_of_own_tasks_runs_to_the_answer_page_and_the_ledger(tmp_path):
+def test_a_study_of_own_tasks_on_own_backbones_runs_to_the_answer_page_and_the_ledger(tmp_path):
+    """The researcher's whole path: an image folder and a CSV of sentences, a tiny timm model and a tiny
+    transformers encoder saved in their libraries' formats, a config naming them, Snakemake to the answer."""
     write_image_folder(tmp_path / "data" / "colours", classes=("blue", "green", "red"), per_class=16)
     sentences(30).to_csv(tmp_path / "data" / "reviews.csv", index=False)
+    write_tiny_resnet(tmp_path / "models" / "resnet.safetensors")
+    write_tiny_bert(tmp_path / "models" / "bert")
     config = {
         "results": "results", "seeds": [0], "epsilons": [4], "methods": ["naive_dp", "dp_merging"],
         "own_tasks": {"colours": {"images": "data/colours"},
                       "reviews": {"table": "data/reviews.csv", "text": "review", "label": "stars", "metric": "f1"}},
         "backbones": {
-            "effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
-                       "tasks": ["colours", "digits"]},
-            "minilm": {"kind": "minilm_l6", "trainable_blocks": 1, "max_length": 16,
-                       "tasks": ["reviews", "bbc_topic"]},
+            "resnet": {"kind": "timm", "model": "test_resnet", "checkpoint": "models/resnet.safetensors",
+                       "trainable_blocks": 1, "image_size": 32, "tasks": ["colours", "digits"]},
+            "bert": {"kind": "hf_encoder", "checkpoint": "models/bert", "trainable_blocks": 1, "max_length": 16,
+                     "tasks": ["reviews", "bbc_topic"]},
         },
         "data": {"max_train": 48, "max_test": 24},
         "finetune": {"epochs": 0.4, "batch_size": 8, "lr": 0.001},
@@ -187,7 +192,7 @@ def test_a_study_of_own_tasks_runs_to_the_answer_page_and_the_ledger(tmp_path):
     check = json.loads((tmp_path / "results" / "privacy" / "ledger_check.json").read_text())
     assert check["verdict"] == "PASS", check
     answer = (tmp_path / "results" / "answer.md").read_text()
-    assert "effnet" in answer and "minilm" in answer
+    assert "resnet" in answer and "bert" in answer
     ledger = pd.read_parquet(tmp_path / "results" / "privacy" / "ledger.parquet")
     own = ledger[ledger["task"].isin(["colours", "reviews"]) & (ledger["method"] != "nonprivate")]
     # N and delta = 1/N follow from the data the task holds, not from the config

@@ -31,7 +31,7 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
         conv.bias = nn.Parameter(shift.detach().clone())
 
 
-def _fold_all_batchnorms(network: nn.Module) -> int:
+def fold_all_batchnorms(network: nn.Module) -> int:
     """Fold each BatchNorm into the convolution registered just before it in the same parent.
 
     timm's EfficientNet registers every BN right after the conv it normalises (conv_stem/bn1,
@@ -94,7 +94,7 @@ class EfficientNetLite0(Backbone):
         probe = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             reference = network.forward_features(probe)
-        _fold_all_batchnorms(network)
+        fold_all_batchnorms(network)
         with torch.no_grad():
             folded = network.forward_features(probe)
         # Rule: a layer swapped for DP must compute what the original computed.

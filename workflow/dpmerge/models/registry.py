@@ -82,8 +82,23 @@ BACKBONES: dict[str, BackboneInfo] = {
         )
         for kind, size in (("roberta_base", "base"), ("roberta_large", "large"))
     },
+    # A researcher's own backbones from local files (models/own.py)
+    "hf_encoder": BackboneInfo(
+        kind="hf_encoder", modality="text",
+        description="any BERT-family transformers encoder (BERT, RoBERTa, ELECTRA, XLM-R, ...) from a save_pretrained "
+                    "folder with its tokenizer, mean or first-token pooling",
+        provenance="the given checkpoint folder", licence="that of the checkpoint",
+        options=("checkpoint", "trainable_blocks", "trainable", "max_length", "pooling"),
+        implementation="dpmerge.models.own:HFEncoder",
+    ),
+    "timm": BackboneInfo(
+        kind="timm", modality="vision",
+        description="any timm architecture by name with a local state dict; BatchNorm folded when exact",
+        provenance="the given checkpoint file", licence="that of the checkpoint",
+        options=("model", "checkpoint", "trainable", "trainable_blocks", "image_size"),
+        implementation="dpmerge.models.own:TimmModel",
+    ),
 }
-
 
 
 def load_backbone(kind: str, **options):
