@@ -32,6 +32,20 @@ def write_tiny_bert(folder):
     return folder
 
 
+def write_tiny_distilbert(folder):
+    """A 2-layer DistilBERT (no encoder.layer: transformer.layer, no token types), as save_pretrained writes it."""
+    from transformers import BertTokenizerFast, DistilBertConfig, DistilBertModel
+
+    write_tiny_bert(folder)  # its tokenizer files; the model is replaced below
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).unlink()
+    torch.manual_seed(1)
+    config = DistilBertConfig(vocab_size=BertTokenizerFast(str(folder / "vocab.txt")).vocab_size, dim=32,
+                              n_layers=2, n_heads=2, hidden_dim=37, max_position_embeddings=64)
+    DistilBertModel(config).save_pretrained(folder)
+    return folder
+
+
 def write_tiny_resnet(path):
     """timm's test_resnet (a deep stem, BatchNorm after every conv) with random BatchNorm statistics, so that
     folding them is not the identity; its state dict as a safetensors file, its classifier included."""
@@ -58,12 +72,18 @@ def own_files(tmp_path_factory):
     return write_tiny_bert(folder / "bert"), folder / "resnet.safetensors", original
 
 
+@pytest.fixture(scope="module")
+def distilbert(tmp_path_factory):
+    return write_tiny_distilbert(tmp_path_factory.mktemp("distilbert") / "distilbert")
+
+
 def test_a_bert_folder_trains_its_last_layer_and_pools_the_models_own_states(own_files):
     from transformers import AutoModel
 
     bert, _, _ = own_files
     backbone = backbone_from_spec({"kind": "hf_encoder", "checkpoint": str(bert), "trainable_blocks": 1,
                                    "max_length": 12})
+    assert backbone.layered  # its layers run one by one as the model runs them: the trunk is cached
     assert backbone.trainable_names() and all(n.startswith("encoder.layer.1.") for n in backbone.trainable_names())
     texts = ["a good film", "a dull and tiresome movie , number 7"]
     encoded = backbone.encode_inputs(texts)
@@ -77,6 +97,23 @@ def test_a_bert_folder_trains_its_last_layer_and_pools_the_models_own_states(own
                               "trainable": ["encoder.layer.?.output.dense.*"]})
     assert sorted(cls.trainable_names()) == sorted(f"encoder.layer.{i}.output.dense.{p}" for i in (0, 1)
                                                    for p in ("weight", "bias"))
+
+
+def test_an_encoder_of_another_family_runs_whole_and_trains_its_last_block(distilbert):
+    from transformers import AutoModel
+
+    backbone = backbone_from_spec({"kind": "hf_encoder", "checkpoint": str(distilbert), "trainable_blocks": 1,
+                                   "max_length": 12})
+    assert not backbone.layered
+    assert backbone.trainable_names() and all(n.startswith("transformer.layer.1.") for n in backbone.trainable_names())
+    encoded = backbone.encode_inputs(["a good film", "a dull and tiresome movie"])
+    features = tuple(t.float() for t in backbone.trunk(*encoded))  # as prepare caches them
+    with torch.no_grad():
+        ours = backbone.top(*features)
+        model = AutoModel.from_pretrained(distilbert).eval()
+        states = model(input_ids=encoded[0], attention_mask=encoded[1]).last_hidden_state
+    mask = encoded[1].unsqueeze(-1).float()
+    torch.testing.assert_close(ours, (states * mask).sum(1) / mask.sum(1), atol=1e-5, rtol=1e-5)
 
 
 def test_a_timm_resnet_is_folded_exactly_and_trains_its_last_stage(own_files):
@@ -94,18 +131,19 @@ def test_a_timm_resnet_is_folded_exactly_and_trains_its_last_stage(own_files):
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["hf_encoder", "timm"])
-def test_per_example_clipped_gradients_match_a_per_example_loop(own_files, kind):
+@pytest.mark.parametrize("kind", ["hf_encoder", "distilbert", "timm"])
+def test_per_example_clipped_gradients_match_a_per_example_loop(own_files, distilbert, kind):
     bert, resnet, _ = own_files
-    if kind == "hf_encoder":
-        backbone = backbone_from_spec({"kind": kind, "checkpoint": str(bert), "trainable_blocks": 1,
+    if kind in ("hf_encoder", "distilbert"):
+        folder = bert if kind == "hf_encoder" else distilbert
+        backbone = backbone_from_spec({"kind": "hf_encoder", "checkpoint": str(folder), "trainable_blocks": 1,
                                        "max_length": 10})
         inputs = ["a good film", "a bad movie", "wonderful and moving", "dull , tiresome"]
     else:
         backbone = backbone_from_spec({"kind": kind, "model": "test_resnet", "checkpoint": str(resnet),
                                        "trainable_blocks": 1})
         inputs = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
-    features = backbone.trunk(*backbone.encode_inputs(inputs))
+    features = tuple(t.float() for t in backbone.trunk(*backbone.encode_inputs(inputs)))  # as prepare caches them
     model = TaskModel(backbone, 3)
     labels = torch.tensor([0, 1, 2, 1])
     assert_matches_brute_force(model, tuple(f.detach() for f in features), labels, 0.05, backbone.per_sample_strategy)

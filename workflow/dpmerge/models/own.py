@@ -1,16 +1,17 @@
-"""A researcher's own backbones, from local files: any `transformers` encoder of the BERT family saved with
-`save_pretrained` (kind ``hf_encoder``) and any `timm` model with a local state dict (kind ``timm``).
+"""A researcher's own backbones, from local files: any `transformers` encoder saved with `save_pretrained`
+(kind ``hf_encoder``) and any `timm` model with a local state dict (kind ``timm``).
 
 Both are checked when they load, before anything trains (privacy rule 6: what DP trains must compute what the
-original computes). The text encoder runs its layers one by one (trunk below, trainable layers on top) and
-must give the model's own last hidden state on a probe; a timm model's BatchNorm layers, which DP cannot train
-through (batch statistics mix the examples of a batch), are folded into the convolution before each when that
-is exact, checked on a probe, and refused with the reason otherwise.
+original computes). A BERT-family encoder is split into a cached trunk and trained layers only where running
+its layers one by one gives the model's own output on a probe (others run whole); a timm model's BatchNorm
+layers, which DP cannot train through (batch statistics mix the examples of a batch), are folded into the
+convolution before each when that is exact, checked on a probe, and refused with the reason otherwise.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from pathlib import Path
 
 import torch
@@ -37,10 +38,15 @@ def _trainable_by_patterns(network: nn.Module, patterns: list[str], where: str) 
 
 
 class HFEncoder(TextEncoder):
-    """Any BERT-family encoder (embeddings, encoder.layer: BERT, RoBERTa, ELECTRA, XLM-R, MiniLM, ...) from a
-    save_pretrained folder with its tokenizer, dropout off, pooled by `pooling` (mean over tokens or the first
-    token). `trainable_blocks` (the last layers, or "all" layers) or `trainable` (name patterns within the
-    layers) say what is fine-tuned; the embeddings are the frozen trunk."""
+    """Any transformers encoder from a save_pretrained folder with its tokenizer, dropout off, pooled by `pooling`
+    (mean over tokens or the first token). `trainable_blocks` (the last layers, or "all") or `trainable` (name
+    patterns) say what is fine-tuned; the input embeddings stay frozen.
+
+    A BERT-family encoder (embeddings, encoder.layer: BERT, RoBERTa, ELECTRA, XLM-R, MiniLM, ...) is split by
+    layers: the embeddings and the frozen layers are the trunk, computed once per task, if running its layers
+    one by one gives the model's own output on a probe (checked at load). Any other encoder (DistilBERT,
+    DeBERTa, ...) runs whole in every step on the tokens; its layers for `trainable_blocks` are its longest
+    list of blocks."""
 
     kind = "hf_encoder"
 
@@ -72,9 +78,6 @@ class HFEncoder(TextEncoder):
             network = AutoModel.from_pretrained(folder, config=config, add_pooling_layer=False)
         except TypeError:
             network = AutoModel.from_pretrained(folder, config=config)
-        if not (hasattr(network, "embeddings") and hasattr(getattr(network, "encoder", None), "layer")):
-            raise ValueError(f"{folder}: a {config.model_type} model has no embeddings and encoder.layer; kind "
-                             "hf_encoder reads BERT-family encoders (BERT, RoBERTa, ELECTRA, XLM-R, MiniLM, ...)")
         network.train()
         self.network = network
         self.model_type = config.model_type
@@ -82,19 +85,41 @@ class HFEncoder(TextEncoder):
         self.max_length = int(max_length)
         self.pooling = pooling
         self.embed_dim = config.hidden_size
+        self.takes_token_types = "token_type_ids" in inspect.signature(network.forward).parameters
+        self.layered = False
+        self.first_trainable_layer = 0
+        if hasattr(network, "embeddings") and hasattr(getattr(network, "encoder", None), "layer"):
+            self.layered = self._layers_run_alone()
         if trainable is not None:
-            self.first_trainable_layer = 0  # every layer runs on top; the patterns say which of them train
             _trainable_by_patterns(network, list(trainable), str(folder))
-            network.embeddings.requires_grad_(False)
-        else:
+        elif self.layered:
             self._set_trainable_layers(trainable_blocks)
-        self._check_against_the_model()
+        else:
+            _train_last_blocks(network, trainable_blocks, str(folder))
+        network.get_input_embeddings().requires_grad_(False)
 
     def encode_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
         batch = self._tokenize(inputs)
         types = batch.get("token_type_ids")
         return batch["input_ids"], batch["attention_mask"], (types if types is not None
                                                               else torch.zeros_like(batch["input_ids"]))
+
+    def trunk(self, input_ids, attention_mask, token_type_ids) -> tuple[torch.Tensor, ...]:
+        if self.layered:
+            return super().trunk(input_ids, attention_mask, token_type_ids)
+        return input_ids, attention_mask, token_type_ids  # the tokens themselves: the whole model is the top
+
+    def token_weights(self, *features: torch.Tensor) -> torch.Tensor:
+        return features[1]  # the attention mask, after the hidden states or the tokens
+
+    def top(self, *features: torch.Tensor) -> torch.Tensor:
+        if self.layered:
+            return super().top(*features)
+        # cached features are stored as floats: the ids come back as integers here
+        input_ids, attention_mask, token_type_ids = (f.long() for f in features)
+        extra = {"token_type_ids": token_type_ids} if self.takes_token_types else {}
+        hidden = self.network(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+        return self._pool(hidden, attention_mask.to(hidden.dtype))
 
     def _embed(self, input_ids, token_type_ids) -> torch.Tensor:
         if self.model_type in POSITIONS_FROM_IDS:
@@ -110,18 +135,34 @@ class HFEncoder(TextEncoder):
         return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
     @torch.no_grad()
-    def _check_against_the_model(self) -> None:
-        """Our layer-by-layer forward (trunk, then the top's layers) against the model's own forward on a probe."""
+    def _layers_run_alone(self) -> bool:
+        """Whether running the layers one by one (the split into a cached trunk and a trained top) gives the model's
+        own last hidden state on a probe; a family whose layers need more than an attention mask does not."""
         input_ids, attention_mask, token_types = self.encode_inputs(["a probe sentence", "and another, longer one"])
-        reference = self.network(input_ids=input_ids, attention_mask=attention_mask,
-                                 token_type_ids=token_types).last_hidden_state
-        hidden, mask = self.trunk(input_ids, attention_mask, token_types)
-        ours = self._layers(hidden, mask, self.first_trainable_layer, None)
+        extra = {"token_type_ids": token_types} if self.takes_token_types else {}
+        reference = self.network(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+        try:
+            hidden = self._layers(self._embed(input_ids, token_types), attention_mask, 0, None)
+        except (TypeError, ValueError, RuntimeError, IndexError):
+            return False
         kept = attention_mask.bool()
-        if not torch.allclose(ours[kept], reference[kept], atol=1e-4, rtol=1e-4):
-            raise ValueError(f"{self.checkpoint_path.parent}: the layer-by-layer forward DP training runs differs "
-                             f"from the model's own (max difference {(ours[kept] - reference[kept]).abs().max():.2e}); "
-                             f"this {self.model_type} encoder's layers need more than an attention mask")
+        return bool(torch.allclose(hidden[kept], reference[kept], atol=1e-4, rtol=1e-4))
+
+
+def _train_last_blocks(network: nn.Module, count, where: str) -> None:
+    """Fine-tune the last `count` blocks of the network's longest list of blocks (DistilBERT's transformer.layer),
+    or every parameter ("all")."""
+    if count == "all":
+        network.requires_grad_(True)
+        return
+    lists = [(name, module) for name, module in network.named_modules() if isinstance(module, nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"{where}: no list of blocks to count trainable_blocks in; give trainable name patterns")
+    name, blocks = max(lists, key=lambda item: len(item[1]))
+    if not isinstance(count, int) or not 1 <= count <= len(blocks):
+        raise ValueError(f"{where}: trainable_blocks must be 1..{len(blocks)} (the blocks of {name}) or 'all', "
+                         f"got {count!r}")
+    freeze_all_but(network, list(blocks[len(blocks) - count:]))
 
 
 class TimmModel(Backbone):

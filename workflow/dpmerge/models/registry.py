@@ -85,8 +85,8 @@ BACKBONES: dict[str, BackboneInfo] = {
     # A researcher's own backbones from local files (models/own.py)
     "hf_encoder": BackboneInfo(
         kind="hf_encoder", modality="text",
-        description="any BERT-family transformers encoder (BERT, RoBERTa, ELECTRA, XLM-R, ...) from a save_pretrained "
-                    "folder with its tokenizer, mean or first-token pooling",
+        description="any transformers encoder (BERT, RoBERTa, ELECTRA, DistilBERT, DeBERTa, ...) from a "
+                    "save_pretrained folder with its tokenizer, mean or first-token pooling",
         provenance="the given checkpoint folder", licence="that of the checkpoint",
         options=("checkpoint", "trainable_blocks", "trainable", "max_length", "pooling"),
         implementation="dpmerge.models.own:HFEncoder",
