@@ -175,3 +175,15 @@ def test_what_an_own_backbone_cannot_use_is_refused_naming_it(own_files, tmp_pat
         backbone_from_spec({"kind": "timm", "model": "test_resnet", "checkpoint": str(tmp_path / "other.safetensors")})
     with pytest.raises(FileNotFoundError, match="no config.json"):
         backbone_from_spec({"kind": "hf_encoder", "checkpoint": str(tmp_path)})
+
+
+def test_a_clip_with_a_resnet_tower_is_refused_naming_what_reads_resnets(tmp_path):
+    import json
+
+    config = {"embed_dim": 16, "vision_cfg": {"image_size": 32, "layers": [1, 1, 1, 1], "width": 8},
+              "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1}}
+    (tmp_path / "tiny-RN.json").write_text(json.dumps(config))
+    (tmp_path / "weights.bin").write_bytes(b"unused: refused before it is read")
+    with pytest.raises(ValueError, match="image tower is a ModifiedResNet, not a ViT.*kind timm reads ResNets"):
+        backbone_from_spec({"kind": "open_clip", "model": str(tmp_path / "tiny-RN.json"),
+                            "checkpoint": str(tmp_path / "weights.bin"), "pretrained": ""})

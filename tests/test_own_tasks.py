@@ -147,6 +147,7 @@ def config_with(own_tasks, tasks):
     ({"scans": {"table": "x.xlsx"}}, ["scans", "digits"], r"x.xlsx is not a table dpmerge reads"),
     ({"digits": {"images": "."}}, ["digits", "textures"], "'digits' is a task dpmerge already has"),
     ({"notes": {"table": "pyproject.toml"}}, ["notes", "digits"], "is not a table"),
+    ({"My-Scans": {"images": "."}}, ["digits", "textures"], "own_tasks: 'My-Scans' does not match"),
 ])
 def test_the_config_check_refuses_a_bad_declaration_before_any_job(own, tasks, message):
     with pytest.raises(ConfigError, match=message):

@@ -233,8 +233,6 @@ def _check_own_tasks(config):
     for name, entry in (config.get("own_tasks") or {}).items():
         if name in TASKS:
             raise ConfigError(f"own_tasks.{name}: {name!r} is a task dpmerge already has; give yours another name")
-        if not name.replace("_", "").isalnum():
-            raise ConfigError(f"own_tasks.{name}: a task name is letters, digits and underscores (it names files)")
         try:
             check_entry(name, entry)
         except OwnTaskError as error:

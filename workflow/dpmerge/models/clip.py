@@ -115,6 +115,10 @@ class OpenCLIPViT(Backbone):
         with _without_log_message("initialized randomly"):
             clip = open_clip.create_model(model, pretrained=None,
                                           force_quick_gelu=bool(pretrained_cfg.get("quick_gelu")))
+        if not isinstance(clip.visual, open_clip.transformer.VisionTransformer):
+            raise ValueError(f"{model}'s image tower is a {type(clip.visual).__name__}, not a ViT: the CLIP kinds "
+                             "fine-tune ViT towers (rebuilt for DP and checked against the original); a ResNet tower "
+                             "holds BatchNorm and attention pooling they do not rebuild (kind timm reads ResNets)")
         state = read_checkpoint(self.checkpoint_path)
         expected = clip.state_dict()
         check_state(state, expected, self.checkpoint_path)
