@@ -117,7 +117,8 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str | None 
 
     source = SafetensorsSource(task_vectors, statistics_source)  # every vector has the first one's tensors...
     check_base_covers(base, w0, task_vectors[0], source.files[0])
-    passed_through = [key for key in w0.keys() if key not in set(source.keys())]
+    covered = set(source.keys())
+    passed_through = [key for key in w0.keys() if key not in covered]
     # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
     # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
     merged_model = (
