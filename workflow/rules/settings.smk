@@ -165,7 +165,7 @@ def own_task_argument(wildcards):
     if entry is None:
         return ""
     absolute = {key: os.path.abspath(value) if key in OWN_TASK_PATHS else value for key, value in entry.items()}
-    return "--own-task " + shlex.quote(json.dumps(absolute, sort_keys=True))
+    return f"--own-task {shlex.quote(json.dumps(absolute, sort_keys=True))}"
 
 
 def finetune_settings(backbone, method):
