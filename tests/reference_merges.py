@@ -120,3 +120,64 @@ def tsvm_reference(task_vectors: list[dict], alpha: float = 1.0) -> dict:
         u_vh, _, vh_vh = torch.linalg.svd(sum_vh, full_matrices=False)
         merged[key] = torch.linalg.multi_dot((u_u, vh_u, torch.diag(sum_s), u_vh, vh_vh))
     return {key: alpha * value for key, value in merged.items()}
+
+
+def ace_reference(task_vectors: list[dict], eps: float = 1e-2, k_frac: float = 0.3, normalise: bool = True,
+                  use_prior: bool = True, refine: bool = True) -> dict:
+    """ACE-Merging as its official code runs it: unravel-xu/ACE-Merging src/merge/strategy.py,
+    MergeStrategy.ace_merging(eps=1e-2, k_frac=0.3) (commits 22d9dfe and d267001), over the keys of the first
+    vector, in the order and dtypes of that code (traces through Python floats, matrices in torch's default
+    dtype, inv with a pinv fallback). The three switches are the ablation of the paper's Table 4, which the
+    repository has none of: normalise=False is E1 (no adaptive normalisation), use_prior=False stops before E3,
+    refine=False before E4; each removes exactly the lines of its stage."""
+    merged = {}
+    for layer in task_vectors[0]:
+        vectors = [tv[layer] for tv in task_vectors]
+        if any(v.ndim != 2 or "text_projection" in layer for v in vectors):
+            merged[layer] = torch.mean(torch.stack(vectors), dim=0)
+            continue
+        count = len(vectors)
+        _, in_dim = vectors[0].shape
+        traces = torch.tensor([torch.trace(w.T @ w).item() for w in vectors])
+        log_traces = torch.log(traces + 1e-12)
+        gamma = torch.var(log_traces) / (torch.mean(log_traces).pow(2) + 1e-12)
+        flag = bool(gamma > 0.3)
+        average_trace = traces.mean().item()
+        sigmas = []
+        weighted_sum = torch.zeros_like(vectors[0])
+        sigma_sum = torch.zeros((in_dim, in_dim))
+        for w in vectors:
+            w = w - w.mean(dim=0, keepdim=True)
+            raw = w.T @ w
+            trace = torch.trace(raw) + 1e-12
+            if flag and normalise:
+                sigma = raw / trace
+                eps_t = eps / trace
+            else:
+                sigma = raw
+                eps_t = eps
+            sigmas.append(sigma)
+            sigma = sigma + eps_t * torch.eye(in_dim)
+            weighted_sum += w @ sigma
+            sigma_sum += sigma
+        prior = torch.mean(sum(sigmas), dim=0, keepdim=True)
+        if flag:
+            prior = prior / (average_trace + 1e-12)
+        a = sigma_sum + prior if use_prior else sigma_sum
+        try:
+            a_inv = torch.linalg.inv(a)
+        except RuntimeError:
+            a_inv = torch.linalg.pinv(a)
+        w0 = weighted_sum @ a_inv
+        result = w0
+        if flag and refine:
+            sigma_mean = sigma_sum / count
+            residual = torch.zeros_like(vectors[0])
+            for w, s in zip(vectors, sigmas):
+                residual += w @ (s - sigma_mean)
+            u, s, vh = torch.linalg.svd(residual + w0, full_matrices=False)
+            k = int(s.numel() * k_frac)
+            v_k = vh[:k, :].T
+            result = result + s[:k].mean() * (u[:, :k] @ v_k.T)
+        merged[layer] = result
+    return merged

@@ -153,7 +153,8 @@ CONFIGURATIONS = [
     ("ties", {"density": 0.2}), ("ties", {"density": 0.5, "topk_scope": "per_tensor", "merge_func": "sum"}),
     ("dare", {"drop_rate": 0.7, "seed": 3}), ("pcb", {}), ("pcb", {"ratio": 0.5, "scaling": 1.0}),
     ("wudi", {"iterations": 20, "lr": 1e-3}), ("tsv_m", {}), ("iso_c", {}), ("iso_cts", {}),
-    ("iso_cts", {"common_space_fraction": 0.5}), ("consensus_ta", {}), ("regmean", {}),
+    ("iso_cts", {"common_space_fraction": 0.5}),
+    ("ace", {}), ("ace", {"stage": 2, "prior": "mean_cov"}), ("consensus_ta", {}), ("regmean", {}),
     ("regmean", {"reduce_non_diagonal_ratio": 0.3}), ("fisher", {}), ("fisher", {"normalize_fisher_weight": False}),
     ("emr", {}), ("tall_masks", {}), ("dts", {}), ("dts", {"rank_fraction": 0.7, "include_conv": False}),
 ]

@@ -35,7 +35,7 @@ def preset(name: str) -> dict:
 
 def test_paper_vision_preset_lists_the_papers_dag(tmp_path):
     counts = job_counts(tmp_path, "--configfile", str(ROOT / "presets/paper_vision.yaml"))
-    backbones, tasks, operators = 3, 8, 6  # ViT-B/32, B/16, L/14; SUN397 ... DTD; WA, RegMean, TA, TIES, PCB, WUDI
+    backbones, tasks, operators = 3, 8, 7  # ViT-B/32, B/16, L/14; SUN397 ... DTD; WA, RegMean, TA, TIES, PCB, WUDI, ACE
     epsilons, private_methods = 4, 4  # {1, 2, 4, 8}; naive DP, DP-Merging, DP-SAM, DP-anchor (+ non-private)
     main_groups = backbones * (1 + private_methods * epsilons)
     sweep_rho, sweep_lambda = 4, 4  # ViT-B/32 at epsilon = 4: four more rho, four more lambda values
@@ -58,7 +58,7 @@ def test_paper_vision_preset_lists_the_papers_dag(tmp_path):
 
 def test_paper_glue_preset_lists_the_papers_dag(tmp_path):
     counts = job_counts(tmp_path, "--configfile", str(ROOT / "presets/paper_glue.yaml"))
-    backbones, tasks, operators = 2, 8, 6
+    backbones, tasks, operators = 2, 8, 7
     main_groups = backbones * 5
     sweep_eps = 2 * 3  # RoBERTa-Large, (naive DP, DP-Merging) x eps {1, 2, 8} (Table 4, language)
     assert counts["prepare"] == backbones * tasks
@@ -75,7 +75,9 @@ def test_paper_presets_name_the_papers_settings():
         assert config["finetune"] == {
             "epochs": 10, "batch_size": 16, "clip_norm": 0.2, "lr": 1e-5, "weight_decay": 0.01,
             "betas": [0.9, 0.999], "rho": 0.05, "anchor_lambda": 0.05, "accountant": "pld"}
-        assert set(config["merge"]) == {"weight_averaging", "regmean", "task_arithmetic", "ties", "pcb", "wudi"}
+        # the paper's six operators (its Table 8), and ACE beside them: the strongest data-free rival to RegMean
+        assert set(config["merge"]) == {"weight_averaging", "regmean", "task_arithmetic", "ties", "pcb", "wudi",
+                                        "ace"}
     assert preset("paper_vision.yaml")["epsilons"] == [1, 2, 4, 8]
     glue = preset("paper_glue.yaml")
     assert glue["epsilons"] + glue["sweeps"]["epsilon"]["epsilons"] == [4, 1, 2, 8]

@@ -85,6 +85,19 @@ def _dts_check(rank_fraction, include_conv):
     check_include_conv(include_conv)
 
 
+def _ace_check(eps, gamma_threshold, k_fraction, scaling, stage, prior, include_conv):
+    if not eps > 0:
+        raise ValueError(f"ace eps must be positive (it keeps the system invertible), got {eps}")
+    if not gamma_threshold >= 0:
+        raise ValueError(f"ace gamma_threshold must be >= 0, got {gamma_threshold}")
+    if not 0 <= k_fraction <= 1:
+        raise ValueError(f"ace k_fraction must be in [0, 1], got {k_fraction}")
+    if stage not in (1, 2, 3, 4):
+        raise ValueError(f"ace stage must be 1, 2, 3 or 4 (E1-E4 of the paper's Table 4), got {stage!r}")
+    check_choice("ace", "prior", prior, ("official", "mean_cov"))
+    check_include_conv(include_conv)
+
+
 def _regmean_check(reduce_non_diagonal_ratio):
     if not 0 <= reduce_non_diagonal_ratio <= 1:
         raise ValueError(f"regmean reduce_non_diagonal_ratio must be in [0, 1], got {reduce_non_diagonal_ratio}")
@@ -106,7 +119,8 @@ def _emr_check(rescale, zero_sign):
 # By operator; an operator absent here accepts any value of its defaults' kinds.
 RANGES = {
     "ties": _ties_check, "dare": _dare_check, "pcb": _pcb_check, "wudi": _wudi_check, "tsv_m": _tsvm_check,
-    "iso_c": _svd_check, "iso_cts": _iso_cts_check, "consensus_ta": _consensus_check, "tall_masks": _tall_check,
+    "iso_c": _svd_check, "iso_cts": _iso_cts_check,
+    "ace": _ace_check, "consensus_ta": _consensus_check, "tall_masks": _tall_check,
     "dts": _dts_check, "regmean": _regmean_check, "fisher": _fisher_check, "emr": _emr_check,
 }
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpmerge.merge import data_based, elementwise, personalized, spectral
+from dpmerge.merge import covariance, data_based, elementwise, personalized, spectral
 from dpmerge.merge.checks import check_hyperparameters
 from dpmerge.merge.sources import AtLeastFloat32, DifferenceSource, InMemorySource, TaskVector, VectorSource
 from dpmerge.merge.specs import (
@@ -70,10 +70,14 @@ class Operator:
         return self.spec.task_vectors_only
 
 
+# The family modules, each with its IMPLEMENTATIONS by operator name
+FAMILIES = (elementwise, spectral, covariance, personalized, data_based)
+
+
 def _implementations() -> dict[str, dict]:
     """Every family's rules by operator name; a name claimed twice is an error, not a silent override."""
     found: dict[str, dict] = {}
-    for family in (elementwise, spectral, personalized, data_based):
+    for family in FAMILIES:
         for name, implementation in family.IMPLEMENTATIONS.items():
             if name in found:
                 raise RuntimeError(f"merge operator {name!r} is implemented twice (again in {family.__name__})")

@@ -98,6 +98,13 @@ _SPECS = (
         "No Task Left Behind: Isotropic Model Merging with Common and Task-Specific Subspaces", "2502.04959",
     ),
     OperatorSpec(
+        "ace", {"eps": 0.01, "gamma_threshold": 0.3, "k_fraction": 0.3, "scaling": 1.0, "stage": 4,
+                "prior": "official", "include_conv": True},
+        "per weight matrix, RegMean's closed form with each task's input covariance estimated from its own update",
+        "Xu et al., CVPR 2026 (ACE-Merging, as its official code computes it; stage 1-4 = E1-E4 of its Table 4)",
+        "ACE-Merging: Data-Free Model Merging with Adaptive Covariance Estimation", "2603.02945",
+    ),
+    OperatorSpec(
         "regmean", {"reduce_non_diagonal_ratio": 0.95},
         "per linear layer, the least-squares fit to every task's outputs from its input Gram matrices",
         "Jin et al., ICLR 2023 (RegMean)",

@@ -10,7 +10,7 @@ ABLATION_ROWS = tuple((name, method.ablation_row) for name, method in METHODS.it
 SENSITIVITY_SYMBOLS = {"rho": "ρ", "anchor_lambda": "λ"}
 OPERATOR_LABELS = {
     "weight_averaging": "Weight Averaging", "task_arithmetic": "Task Arithmetic", "ties": "TIES", "dare": "DARE",
-    "pcb": "PCB", "wudi": "WUDI", "tsv_m": "TSV-M", "iso_c": "Iso-C", "iso_cts": "Iso-CTS",
+    "pcb": "PCB", "wudi": "WUDI", "tsv_m": "TSV-M", "iso_c": "Iso-C", "iso_cts": "Iso-CTS", "ace": "ACE",
     "regmean": "RegMean", "fisher": "Fisher", "consensus_ta": "Consensus TA", "emr": "EMR (per-task models)",
     "tall_masks": "TALL masks (per-task models)", "dts": "DTS-T (per-task models)",
     "dts_difference": "DTS-D (per-task models)",

@@ -1,0 +1,150 @@
+"""ACE-Merging (merge/covariance.py) against a transcription of its official code (tests/reference_merges.py
+ace_reference: unravel-xu/ACE-Merging src/merge/strategy.py, MergeStrategy.ace_merging), stage by stage, and the
+properties its mathematics implies."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from dpmerge.merge.checks import check_hyperparameters
+from dpmerge.merge.covariance import _solve_right, ace_layer, heterogeneity
+from dpmerge.merge.registry import merge
+from reference_merges import ace_reference
+
+
+def updates(count, shape, seed, spread=1.0, scale=1.0):
+    """Task vectors for one matrix and one bias, task t scaled by scale * spread**t: spread 1 gives a homogeneous
+    layer (gamma near 0), a large spread a heterogeneous one."""
+    generator = torch.Generator().manual_seed(seed)
+    return [{"layer.weight": scale * spread**t * torch.randn(*shape, generator=generator, dtype=torch.float64),
+             "layer.bias": torch.randn(shape[0], generator=generator, dtype=torch.float64)}
+            for t in range(count)]
+
+
+def ours(vectors, stage, **hyper):
+    return merge("ace", vectors, stage=stage, include_conv=False, **hyper)
+
+
+def official(vectors, stage):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.var of one task warns (degrees of freedom); it is NaN there
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)  # its zeros and eye in float64, to compare to the last digits
+        try:
+            return ace_reference(vectors, normalise=stage >= 2, use_prior=stage >= 3, refine=stage >= 4)
+        finally:
+            torch.set_default_dtype(previous)
+
+
+CASES = [(count, shape, spread, scale)
+         for count in (1, 2, 3, 5)
+         for shape in ((6, 5), (5, 9), (12, 12), (30, 8))
+         for spread, scale in ((1.0, 0.01), (1.0, 1.0), (8.0, 0.05))]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3, 4])
+def test_every_stage_is_the_official_code_with_that_stage_switched_on(stage):
+    gates = set()
+    for i, (count, shape, spread, scale) in enumerate(CASES):
+        vectors = updates(count, shape, seed=i, spread=spread, scale=scale)
+        expected = official(vectors, stage)
+        merged = ours(vectors, stage)
+        gates.add(ace_layer([v["layer.weight"] for v in vectors], eps=1e-2, gamma_threshold=0.3, k_fraction=0.3,
+                            stage=stage, prior="official").heterogeneous)
+        for key in expected:
+            torch.testing.assert_close(merged[key], expected[key], rtol=1e-9, atol=1e-12,
+                                       msg=f"{(count, shape, spread, scale)} {key}")
+    assert gates == {True, False}  # both sides of the gate were compared
+
+
+def test_float32_inputs_agree_with_the_official_float32_computation_and_are_nearer_the_exact_one():
+    """Same inputs in float32: ours (solved in float64, rounded once) and the official code (float32 throughout)
+    agree to float32 rounding, and ours is the nearer to the exact (float64) merge."""
+    exact_inputs = updates(4, (40, 24), seed=7, spread=6.0, scale=0.1)
+    vectors = [{k: v.float() for k, v in tv.items()} for tv in exact_inputs]
+    exact = official(exact_inputs, 4)["layer.weight"]
+    merged = merge("ace", vectors)["layer.weight"]
+    theirs = ace_reference(vectors)["layer.weight"]
+    assert merged.dtype == theirs.dtype == torch.float32
+    assert (merged.double() - theirs.double()).norm() / exact.norm() < 1e-5
+    assert (merged.double() - exact).norm() < (theirs.double() - exact).norm()
+
+
+def test_e1_with_equal_covariances_is_the_mean_of_the_centred_updates():
+    """Row permutations keep each update's centred covariance, so A = T R and W0 = mean of the centred dW_t."""
+    generator = torch.Generator().manual_seed(3)
+    base = torch.randn(7, 4, generator=generator, dtype=torch.float64)
+    vectors = [{"w": base[torch.randperm(7, generator=generator)]} for _ in range(4)]
+    centred = [v["w"] - v["w"].mean(0, keepdim=True) for v in vectors]
+    torch.testing.assert_close(ours(vectors, 1)["w"], sum(centred) / 4)
+
+
+def test_identical_updates_are_homogeneous_and_e1_returns_the_centred_update():
+    w = updates(1, (9, 6), seed=4)[0]["layer.weight"]
+    assert heterogeneity([float(w.pow(2).sum())] * 3) == 0
+    torch.testing.assert_close(ours([{"w": w}] * 3, 1)["w"], w - w.mean(0, keepdim=True))
+
+
+def test_one_task_leaves_the_gate_shut_without_a_warning():
+    vectors = updates(1, (8, 5), seed=5, scale=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer = ace_layer([vectors[0]["layer.weight"]], eps=1e-2, gamma_threshold=0.3, k_fraction=0.3, stage=4,
+                          prior="official")
+    assert math.isnan(layer.gamma) and not layer.heterogeneous
+    w = vectors[0]["layer.weight"]
+    torch.testing.assert_close(ours(vectors, 2)["layer.weight"], w - w.mean(0, keepdim=True))
+
+
+def test_gamma_moves_with_the_scale_of_the_updates():
+    """Not scale invariant (the reference note's caveat 1): the same directions, all scaled by one factor, can
+    cross the threshold, which is why DP's clipping and noise can open or shut the gate."""
+    norms = [1.0, 4.0, 0.3, 2.0]
+    small, unit, large = (heterogeneity([c * c * n for n in norms]) for c in (1e-3, 1.0, 3.0))
+    assert small < 0.3 < unit and large < 0.3  # not even monotone: it peaks where mean log-trace is near 0
+
+
+def test_a_refinement_with_no_direction_adds_nothing_instead_of_nan():
+    """min(m, n) = 3 gives k = int(0.9) = 0: the official mean over no singular values is NaN everywhere."""
+    vectors = updates(3, (3, 7), seed=6, spread=10.0, scale=0.05)
+    matrices = [v["layer.weight"] for v in vectors]
+    refined = ace_layer(matrices, eps=1e-2, gamma_threshold=0.3, k_fraction=0.3, stage=4, prior="official")
+    assert refined.heterogeneous
+    assert torch.isnan(official(vectors, 4)["layer.weight"]).all()
+    torch.testing.assert_close(refined.merged, ace_layer(matrices, eps=1e-2, gamma_threshold=0.3, k_fraction=0.3,
+                                                         stage=3, prior="official").merged)
+
+
+def test_the_mean_covariance_prior_is_a_symmetric_ridge():
+    """prior mean_cov: W0 = (sum_t W~_t R_t)(sum_t R_t + mean_t S_t)^-1, computed here by hand."""
+    vectors = updates(3, (10, 6), seed=8)
+    centred = [v["layer.weight"] - v["layer.weight"].mean(0, keepdim=True) for v in vectors]
+    covariances = [c.T @ c for c in centred]
+    ridged = [s + 1e-2 * torch.eye(6, dtype=torch.float64) for s in covariances]
+    expected = sum(c @ r for c, r in zip(centred, ridged)) @ torch.linalg.inv(sum(ridged) + sum(covariances) / 3)
+    torch.testing.assert_close(ours(vectors, 3, prior="mean_cov")["layer.weight"], expected)
+
+
+def test_a_singular_system_is_solved_by_the_pseudo_inverse_with_a_warning():
+    a = torch.tensor([[1.0, 2.0], [2.0, 4.0]], dtype=torch.float64)
+    b = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="blocks.0.weight is singular"):
+        x = _solve_right(b, a, "blocks.0.weight")
+    torch.testing.assert_close(x, b @ torch.linalg.pinv(a))
+
+
+def test_convolutions_are_merged_as_matrices_only_with_include_conv():
+    generator = torch.Generator().manual_seed(9)
+    vectors = [{"conv": torch.randn(4, 3, 2, 2, generator=generator)} for _ in range(3)]
+    assert torch.equal(merge("ace", vectors, include_conv=False)["conv"], merge("weight_averaging", vectors)["conv"])
+    as_matrices = [{"conv": v["conv"].reshape(4, 12)} for v in vectors]
+    torch.testing.assert_close(merge("ace", vectors)["conv"], merge("ace", as_matrices)["conv"].reshape(4, 3, 2, 2))
+
+
+@pytest.mark.parametrize("bad,named", [({"stage": 5}, "stage"), ({"prior": "ridge"}, "prior"),
+                                       ({"eps": 0.0}, "eps"), ({"k_fraction": 1.5}, "k_fraction")])
+def test_bad_settings_are_refused_by_name(bad, named):
+    with pytest.raises(ValueError, match=f"ace {named}"):
+        check_hyperparameters("ace", bad)

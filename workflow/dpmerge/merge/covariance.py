@@ -1,0 +1,151 @@
+"""Data-free covariance merging: ACE-Merging (Xu et al., "ACE-Merging: Data-Free Model Merging with Adaptive
+Covariance Estimation", arXiv 2603.02945, CVPR 2026), as its official code computes it: unravel-xu/ACE-Merging,
+src/merge/strategy.py, `MergeStrategy.ace_merging` (the same at commits 22d9dfe and d267001). RegMean's closed
+form W = (sum_t W_t S_t)(sum_t S_t)^-1 with every task's input covariance S_t estimated from its own update
+instead of from data, so it reads no statistic and, on private releases, spends no privacy.
+
+Orientation. A weight matrix is read as stored, rows as samples: the covariance W~^T W~ is over its columns. For a
+torch Linear (out, in) that is the layer's input, as the paper intends; for a convolution (out, in, kh, kw), seen
+as (out, in*kh*kw) with include_conv, the unfolded input patch. A matrix stored as (in, out), applied as x @ W
+(Hugging Face GPT-2's Conv1D, open_clip's `proj` and `text_projection`), and an embedding table (vocabulary,
+width) get a covariance over their output axis instead, exactly as the official code does (it never transposes).
+Tensors that are not matrices are averaged, as there; the official code also averages any tensor whose name
+holds "text_projection", which we do not single out (as for the other matrix-shaped rules). ``scaling``
+multiplies the whole merged vector (the official lambda, applied to the model).
+
+Departures, each numerical only: everything is computed in float64 and A is solved for, not inverted (the
+official code inverts A in float32 and falls back to the pseudo-inverse silently; ours warns if it must); a
+refinement with k = 0 directions (min(out, in) < 1 / k_fraction) adds nothing, where the official mean over no
+singular values is NaN and makes the whole matrix NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from dpmerge.merge.matrices import matrix_view, mean_of
+
+# Guards of the official code: added to traces before a log or a division
+TINY = 1e-12
+STAGES = (1, 2, 3, 4)  # the paper's Table 4 rows E1..E4, cumulative
+PRIORS = ("official", "mean_cov")
+
+
+@dataclass(frozen=True)
+class AceLayer:
+    """One matrix's merge and what decided it: gamma (NaN for one task) and whether it passed the gate."""
+
+    merged: torch.Tensor
+    gamma: float
+    heterogeneous: bool
+
+
+def heterogeneity(squared_norms: list[float]) -> float:
+    """gamma = Var(l) / (mean(l)^2 + 1e-12), l_t = log(||dW_t||_F^2 + 1e-12), Var with Bessel's correction (the
+    official torch.var); NaN for one task, whose gate stays shut. Not scale invariant: scaling every update by c
+    shifts each l_t by 2 log c, so the clipping norm, the noise and the learning rate move gamma."""
+    if len(squared_norms) < 2:
+        return math.nan
+    logs = [math.log(value + TINY) for value in squared_norms]
+    mean = sum(logs) / len(logs)
+    variance = sum((value - mean) ** 2 for value in logs) / (len(logs) - 1)
+    return variance / (mean**2 + TINY)
+
+
+def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: float, k_fraction: float, stage: int,
+              prior: str, key: str = "") -> AceLayer:
+    """ACE on one weight matrix (T updates dW_t of shape m x n), stages cumulative:
+
+    E1  dW~_t = dW_t - 1 mu_t^T (rows centred), S_t = dW~_t^T dW~_t (no 1/m), R_t = S_t + eps I;
+        W0 = (sum_t dW~_t R_t) A^-1 with A = sum_t R_t. With equal R_t this is the mean of the centred updates.
+    E2  if the layer is heterogeneous (gamma > gamma_threshold, `heterogeneity` of the uncentred traces):
+        S_t /= tr(S_t) and eps_t = eps / tr(S_t), i.e. RegMean with task weights 1 / ||dW~_t||_F^2.
+    E3  A += C. prior "official": C = 1 c^T, c the column means of sum_t S_t (rank one, not symmetric, added to
+        every row of A), divided by the mean raw trace mean_t ||dW_t||_F^2 where heterogeneous: the code's
+        torch.mean(sum(Sigmas), dim=0, keepdim=True). "mean_cov": C = mean_t S_t, a ridge toward w0 (the reading
+        of its intent that minimises a quadratic objective; not what produced the paper's numbers).
+    E4  where heterogeneous: D = W0 + sum_t dW_t (S_t - S_bar), S_bar = mean_t R_t (uncentred dW_t, S_t without
+        eps); D = U S V^T; k = floor(k_fraction min(m, n)); W = W0 + mean(S_1..S_k) U_k V_k^T.
+
+    Memory: three n x n and three m x n float64 matrices besides the inputs, read twice (traces, then one pass).
+    """
+    count = len(matrices)
+    rows, width = matrices[0].shape
+    squared_norms = [float(m.double().pow(2).sum()) for m in matrices]
+    gamma = heterogeneity(squared_norms)
+    heterogeneous = bool(gamma > gamma_threshold)  # NaN (one task) compares False: the gate stays shut
+    normalise = stage >= 2 and heterogeneous
+    refine = stage >= 4 and heterogeneous
+
+    ridged_sum = torch.zeros(width, width, dtype=torch.float64)  # sum_t (S_t + eps_t I)
+    covariance_sum = torch.zeros(width, width, dtype=torch.float64)  # sum_t S_t
+    weighted = torch.zeros(rows, width, dtype=torch.float64)  # sum_t dW~_t (S_t + eps_t I)
+    if refine:
+        update_sum = torch.zeros(rows, width, dtype=torch.float64)  # sum_t dW_t
+        update_covariance = torch.zeros(rows, width, dtype=torch.float64)  # sum_t dW_t S_t
+    for matrix in matrices:
+        update = matrix.double()
+        centred = update - update.mean(dim=0, keepdim=True)
+        covariance = centred.T @ centred
+        eps_t = eps
+        if normalise:
+            trace = float(torch.trace(covariance)) + TINY
+            covariance /= trace
+            eps_t = eps / trace
+        covariance_sum += covariance
+        if refine:
+            update_sum += update
+            update_covariance.addmm_(update, covariance)
+        covariance.diagonal().add_(eps_t)
+        weighted.addmm_(centred, covariance)
+        ridged_sum += covariance
+        del update, centred, covariance
+
+    system = ridged_sum
+    if stage >= 3:
+        if prior == "official":
+            structural = covariance_sum.mean(dim=0, keepdim=True)
+            if heterogeneous:
+                structural = structural / (sum(squared_norms) / count + TINY)
+        else:
+            structural = covariance_sum / count
+        system = ridged_sum + structural
+    merged = _solve_right(weighted, system, key)
+    if refine:
+        residual = update_covariance - update_sum @ (ridged_sum / count)
+        u, s, vh = torch.linalg.svd(merged + residual, full_matrices=False)
+        k = int(min(rows, width) * k_fraction)
+        if k > 0:
+            merged += s[:k].mean() * (u[:, :k] @ vh[:k])
+    return AceLayer(merged, gamma, heterogeneous)
+
+
+def _solve_right(b: torch.Tensor, a: torch.Tensor, key: str) -> torch.Tensor:
+    """X with X A = B: solved (better conditioned than forming A^-1), or by the pseudo-inverse with a warning
+    where A is exactly singular (only possible with the official prior, which is not positive definite)."""
+    try:
+        return torch.linalg.solve(a, b, left=False)
+    except RuntimeError:
+        warnings.warn(f"ace: the system matrix of {key or 'a weight matrix'} is singular; merged by its "
+                      "pseudo-inverse (least-squares solution)", RuntimeWarning, stacklevel=3)
+        return b @ torch.linalg.pinv(a)
+
+
+def _ace_tensor(key, tensors, stats, eps, gamma_threshold, k_fraction, scaling, stage, prior, include_conv):
+    """ACE-Merging (Xu et al., 2026, "ACE-Merging", arXiv 2603.02945) per weight matrix (`ace_layer` states the
+    mathematics; `stage` 1-4 stops after E1..E4 of the paper's Table 4), other tensors averaged, times
+    `scaling`. `include_conv` as for wudi."""
+    matrices = [matrix_view(t, include_conv) for t in tensors]
+    if matrices[0] is None:
+        return scaling * mean_of(tensors)
+    layer = ace_layer(matrices, eps=eps, gamma_threshold=gamma_threshold, k_fraction=k_fraction, stage=stage,
+                      prior=prior, key=key)
+    return (scaling * layer.merged).reshape(tensors[0].shape).to(tensors[0].dtype)
+
+
+# What merge.registry pairs with each name's OperatorSpec.
+IMPLEMENTATIONS = {"ace": {"per_tensor": _ace_tensor}}
