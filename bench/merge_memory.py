@@ -1,7 +1,7 @@
 """Peak memory and wall time of every merge operator: streamed (`dpmerge merge`) vs everything in memory.
 
     .venv/bin/python bench/merge_memory.py [--tasks 8] [--workdir /tmp/dpmerge-merge-bench] [--reuse-inputs]
-        [--operators ties regmean ties@difference ...] [--param wudi.iterations=30]
+        [--operators ties regmean ties@difference ...] [--param wudi.iterations=30] [--relative-to ace]
 
 Writes T random task vectors with the parameter shapes of ViT-B/32 (timm architecture, 87.5M float32
 parameters, ~350 MB each) plus w0, then for every registered operator runs, each in a fresh process:
@@ -187,6 +187,18 @@ def write_statistics(workdir: Path, shapes: dict, tasks: int) -> None:
         write_tensors_streaming(workdir / f"stats_{kind}.safetensors", layout, produce(), meta)
 
 
+def print_relative(streamed: dict, reference: str, bare: float) -> None:
+    """Each streamed operator's wall time and memory over the reference operator's, from this one run."""
+    if reference not in streamed:
+        raise SystemExit(f"--relative-to {reference}: it was not run streamed (add it to --operators)")
+    ref = streamed[reference]
+    print(f"\nstreamed, over {reference} (this run; peak above bare = peak RSS minus the bare interpreter's)")
+    print(f"{'operator':18s} {'seconds':>9s} {'peak RSS':>9s} {'peak above bare':>16s}")
+    for spec, r in streamed.items():
+        above = (r["peak_mib"] - bare) / (ref["peak_mib"] - bare) if ref["peak_mib"] > bare else float("nan")
+        print(f"{spec:18s} {r['seconds'] / ref['seconds']:9.2f} {r['peak_mib'] / ref['peak_mib']:9.2f} {above:16.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=DescribedDefaultsShown)
     parser.add_argument("--tasks", type=int, default=8, help="task vectors merged")
@@ -205,6 +217,9 @@ def main() -> None:
     parser.add_argument("--fusion-bench", type=Path, default=None, metavar="WHEEL",
                         help="fusion_bench's wheel or unpacked source: also run its own code for "
                              f"{', '.join(FUSION_BENCH_OPERATORS)} (default: ours only)")
+    parser.add_argument("--relative-to", default=None, metavar="OPERATOR",
+                        help="also print every streamed operator's seconds and peak memory as ratios to this one's, "
+                             "measured in the same run (e.g. ace against tsv_m, iso_cts and wudi)")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "OPERATOR", "HYPER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -244,7 +259,7 @@ def main() -> None:
         print(f"hyperparameters other than the defaults: {hyper}")
     print(f"{'operator':18s} {'mode':12s} {'seconds':>8s} {'peak RSS MiB':>13s} {'models':>7s} {'above bare':>11s} "
           f"{'<= 1.5x':>8s}")
-    against = []
+    against, streamed = [], {}
     for spec in args.operators or [*OPERATORS, "ties@difference", "dts@difference"]:
         modes = list(args.modes)
         if args.fusion_bench is not None and spec in FUSION_BENCH_OPERATORS:
@@ -257,10 +272,14 @@ def main() -> None:
             print(f"{spec:18s} {mode:12s} {r['seconds']:8.1f} {r['peak_mib']:13.0f} "
                   f"{r['peak_mib'] / model_mib:7.2f} {(r['peak_mib'] - bare) / model_mib:11.2f} {within:>8s}",
                   flush=True)
+        if "stream" in results:
+            streamed[spec] = results["stream"]
         if "fusion_bench" in results and "stream" in results:
             ours, theirs = results["stream"], results["fusion_bench"]
             against.append(f"{spec:18s} {ours['seconds'] / theirs['seconds']:9.2f} "
                            f"{ours['peak_mib'] / theirs['peak_mib']:13.2f}")
+    if args.relative_to is not None:
+        print_relative(streamed, args.relative_to, bare)
     if against:
         print("\nours streamed / fusion_bench's own code (one run each; wall includes reading and writing)")
         print(f"{'operator':18s} {'seconds':>9s} {'peak RSS':>13s}")
