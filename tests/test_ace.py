@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dpmerge.merge.checks import check_hyperparameters
-from dpmerge.merge.covariance import _solve_right, ace_layer, heterogeneity
+from dpmerge.merge.covariance import _solve_right, ace_layer, heterogeneity, noise_floor_share
 from dpmerge.merge.registry import merge
 from reference_merges import ace_reference
 
@@ -148,3 +148,35 @@ def test_convolutions_are_merged_as_matrices_only_with_include_conv():
 def test_bad_settings_are_refused_by_name(bad, named):
     with pytest.raises(ValueError, match=f"ace {named}"):
         check_hyperparameters("ace", bad)
+
+
+def test_the_noise_floor_share_separates_a_low_rank_signal_from_white_noise():
+    generator = torch.Generator().manual_seed(10)
+    noise = 0.01 * torch.randn(200, 80, generator=generator, dtype=torch.float64)
+    signal = torch.randn(200, 2, generator=generator, dtype=torch.float64) @ torch.randn(2, 80, generator=generator,
+                                                                                         dtype=torch.float64)
+    assert noise_floor_share(noise) < 0.05  # white noise: nothing stands above the floor
+    assert noise_floor_share(signal + noise) > 0.95
+    mixed = noise_floor_share(0.02 * signal + noise)  # a weak signal: part of the trace is floor
+    assert 0.1 < mixed < 0.95
+    assert math.isnan(noise_floor_share(torch.zeros(5, 4)))
+
+
+def test_ace_gates_reads_released_vectors_and_writes_one_row_per_matrix_and_task(tmp_path):
+    import pandas as pd
+
+    from dpmerge.artifacts import save_tensors
+    from dpmerge.stages.diagnose import ace_gates
+
+    paths = []
+    for t, vector in enumerate(updates(3, (12, 8), seed=11, spread=8.0, scale=0.05)):
+        paths.append(tmp_path / f"tv{t}.safetensors")
+        save_tensors(paths[-1], {k: v.float() for k, v in vector.items()}, {"task": f"task{t}"})
+    out = tmp_path / "gates.parquet"
+    ace_gates(task_vectors=[str(p) for p in paths], out=str(out))
+    rows = pd.read_parquet(out)
+    assert list(rows["task"]) == ["task0", "task1", "task2"]  # the bias is averaged by ACE: no row
+    assert (rows["tensor"] == "layer.weight").all() and rows["gate_open"].all()
+    assert rows["gamma"].iloc[0] == pytest.approx(heterogeneity(list(rows["squared_norm"])))
+    assert rows["squared_norm"].is_monotonic_increasing  # task t scaled by 8**t
+    assert rows["share_above_noise_floor"].between(0, 1).all()

@@ -388,6 +388,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (.safetensors), one per task")
     p.add_argument("-o", "--out", required=True, help="output .parquet: each task's drift and their mean")
 
+    p = add("ace-gates", "diagnose.ace_gates",
+            "What ACE-Merging sees in task vectors, per weight matrix and task: its heterogeneity gamma, whether "
+            "its gate opens, each task's squared norm and the share of its covariance above the noise floor.")
+    p.add_argument("--task-vectors", nargs="+", required=True, help="task vectors (.safetensors), one per task")
+    p.add_argument("--gamma-threshold", type=float, default=0.3, help="the gate: gamma above it opens it")
+    p.add_argument("--no-conv", dest="include_conv", action="store_false",
+                   help="average convolution weights (default: read as (out, in*kh*kw) matrices, as ace does)")
+    p.add_argument("-o", "--out", required=True, help="output .parquet: one row per weight matrix and task")
+
     p = add("linearity", "diagnose.linearity",
             "Joint-task loss linearity (Theorem C.8) per task pair: delta_{s,t}(alpha) = L_JTL(alpha w_s + "
             "(1 - alpha) w_t) - alpha L_JTL(w_s) - (1 - alpha) L_JTL(w_t), L_JTL = L_s + L_t, beside its bound "

@@ -37,6 +37,7 @@ PIPELINE_STEPS = {
     "zeroshot-head": "a task's CLIP zero-shot head from its class names",
     "finetune": "fine-tune one task privately; release vector and head",
     "drift": "reference drift ||w_t - w0|| / ||w0|| (Fig. 3b)",
+    "ace-gates": "ACE-Merging's gamma, gate and noise floor per matrix",
     "interpolate": "loss from each task model to the merged one (Fig. 2)",
     "curvature": "sharpness, lambda_max, merge gap, Theorem 5.2's bound",
     "linearity": "joint-task loss linearity per task pair (Theorem C.8)",

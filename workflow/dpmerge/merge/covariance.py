@@ -135,6 +135,41 @@ def _solve_right(b: torch.Tensor, a: torch.Tensor, key: str) -> torch.Tensor:
         return b @ torch.linalg.pinv(a)
 
 
+def noise_floor_share(update: torch.Tensor) -> float:
+    """The share of the estimated covariance's trace, tr(dW~^T dW~) = sum_i s_i^2 over the singular values of
+    the row-centred update, held by singular values above the noise floor: Gavish and Donoho's hard threshold for
+    a low-rank signal in white noise of unknown level ("The Optimal Hard Threshold for Singular Values is
+    4/sqrt(3)", IEEE Trans. Inf. Theory 2014, arXiv 1305.5870), omega(beta) * median(s) with beta the aspect
+    ratio min/max and omega(beta) = 0.56 beta^3 - 0.95 beta^2 + 1.82 beta + 1.43. DP's noise adds a roughly
+    isotropic floor to every S_t; this says how much of S_t stands above it (1: all signal, 0: all floor). NaN
+    for a zero update."""
+    centred = update.double() - update.double().mean(dim=0, keepdim=True)
+    singular = torch.linalg.svdvals(centred)
+    energy = float(singular.pow(2).sum())
+    if energy == 0:
+        return math.nan
+    beta = min(centred.shape) / max(centred.shape)
+    omega = 0.56 * beta**3 - 0.95 * beta**2 + 1.82 * beta + 1.43
+    threshold = omega * float(singular.median())
+    return float(singular[singular > threshold].pow(2).sum()) / energy
+
+
+def gate_readings(key: str, tensors: list[torch.Tensor], gamma_threshold: float, include_conv: bool) -> list[dict]:
+    """What ACE sees in one tensor of T task vectors, one row per task: gamma and whether the gate opens (the
+    same for every task), each task's squared norm and its covariance's share above the noise floor. No row for
+    a tensor ACE averages (not a matrix)."""
+    matrices = [matrix_view(t, include_conv) for t in tensors]
+    if matrices[0] is None:
+        return []
+    squared_norms = [float(m.double().pow(2).sum()) for m in matrices]
+    gamma = heterogeneity(squared_norms)
+    rows, cols = matrices[0].shape
+    return [{"tensor": key, "task_index": index, "rows": rows, "cols": cols, "gamma": gamma,
+             "gate_open": bool(gamma > gamma_threshold), "squared_norm": norm,
+             "share_above_noise_floor": noise_floor_share(matrix)}
+            for index, (matrix, norm) in enumerate(zip(matrices, squared_norms))]
+
+
 def _ace_tensor(key, tensors, stats, eps, gamma_threshold, k_fraction, scaling, stage, prior, include_conv):
     """ACE-Merging (Xu et al., 2026, "ACE-Merging", arXiv 2603.02945) per weight matrix (`ace_layer` states the
     mathematics; `stage` 1-4 stops after E1..E4 of the paper's Table 4), other tensors averaged, times

@@ -25,6 +25,8 @@ from dpmerge.diagnostics.drift import reference_drift
 from dpmerge.diagnostics.interpolation import barrier_height, interpolation_curve
 from dpmerge.diagnostics.landscape import filter_normalized_direction, loss_landscape, task_vector_plane
 from dpmerge.diagnostics.linearity import joint_task_linearity
+from dpmerge.merge.covariance import gate_readings
+from dpmerge.merge.sources import SafetensorsSource
 from dpmerge.models.base import task_model_weights
 from dpmerge.models.spec import backbone_from_spec
 from dpmerge.runtime import compute_section, progress
@@ -52,6 +54,30 @@ def drift(*, base: str, task_vectors: list[str], out: str) -> None:
             for m, d, p in zip(metas, per_task, task_vectors)]
     write_parquet(rows, out)
     log(f"[drift] mean reference drift {mean:.6f}")
+
+
+def ace_gates(*, task_vectors: list[str], out: str, gamma_threshold: float = 0.3, include_conv: bool = True) -> None:
+    """What ACE-Merging sees in these task vectors, per weight matrix and task: its heterogeneity gamma, whether its
+    gate opens (gamma > gamma_threshold: adaptive normalisation and spectral refinement switch on), each task's
+    squared norm and the share of its estimated covariance above the noise floor (merge/covariance.py). Reads
+    only the vectors, one tensor per task at a time: post-processing of releases, and plain vectors too."""
+    source = SafetensorsSource(task_vectors)
+    metas = [file.metadata or {} for file in source.files]
+    rows, keys, started = [], source.keys(), time.perf_counter()
+    for done, key in enumerate(keys, start=1):
+        tensors = [source.tensor(index, key) for index in range(len(task_vectors))]
+        for reading in gate_readings(key, tensors, gamma_threshold, include_conv):
+            index = reading["task_index"]
+            task = metas[index].get("task", Path(task_vectors[index]).stem)
+            rows.append({**release_identity(metas[index]), "task": task, **reading})
+        if done % 20 == 0 or done == len(keys):
+            log(f"[ace-gates] {progress(done, len(keys), started)}")
+    if not rows:
+        raise ValueError("no weight matrix in these task vectors: ACE would only average them")
+    write_parquet(rows, out)
+    gates = pd.DataFrame(rows).drop_duplicates("tensor")
+    log(f"[ace-gates] the gate opens on {int(gates['gate_open'].sum())} of {len(gates)} matrices "
+        f"(gamma median {gates['gamma'].median():.3g})")
 
 
 def interpolate(*, backbone_spec: dict, base: str, merged: str, task_vectors: list[str], heads: list[str],
