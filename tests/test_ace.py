@@ -180,3 +180,81 @@ def test_ace_gates_reads_released_vectors_and_writes_one_row_per_matrix_and_task
     assert rows["gamma"].iloc[0] == pytest.approx(heterogeneity(list(rows["squared_norm"])))
     assert rows["squared_norm"].is_monotonic_increasing  # task t scaled by 8**t
     assert rows["share_above_noise_floor"].between(0, 1).all()
+
+
+def _gate_rows():
+    """Two seeds of ace-gates rows: DP at epsilon 1 with the gate open on 1 of 2 matrices, DP-Merging shut."""
+    import pandas as pd
+
+    rows = []
+    for seed in (0, 1):
+        for method, opened in (("naive_dp", (True, False)), ("dp_merging", (False, False))):
+            for tensor, gate in zip(("a.weight", "b.weight"), opened):
+                for task in ("t1", "t2"):
+                    rows.append({"backbone": "effnet", "method": method, "target_epsilon": 1.0, "seed": seed,
+                                 "tensor": tensor, "task": task, "gamma": 0.5 if gate else 0.1, "gate_open": gate,
+                                 "share_above_noise_floor": 0.2 + 0.1 * seed})
+    return pd.DataFrame(rows)
+
+
+def _score_rows():
+    import pandas as pd
+
+    rows = []
+    for seed in (0, 1, 2):
+        for operator in ("ace", "ties"):
+            for method, epsilon, base in (("naive_dp", 1.0, 50), ("dp_merging", 1.0, 52), ("nonprivate", math.inf, 70)):
+                for task, offset in (("t1", 0), ("t2", 10)):
+                    rows.append({"backbone": "effnet", "method": method, "target_epsilon": epsilon, "seed": seed,
+                                 "model": operator, "task": task, "score": base + offset + seed})
+    return pd.DataFrame(rows)
+
+
+def test_the_gate_summary_counts_matrices_once_and_averages_over_seeds():
+    from dpmerge.report.ace_study import gate_summary
+
+    summary = gate_summary(_gate_rows()).set_index("method")
+    assert summary.loc["naive_dp", "gate_open"] == 0.5 and summary.loc["dp_merging", "gate_open"] == 0
+    assert summary.loc["naive_dp", "matrices"] == 2 and summary.loc["naive_dp", "seeds"] == 2
+    assert summary.loc["naive_dp", "floor"] == pytest.approx(0.25)  # seeds 0.2 and 0.3
+    assert summary.loc["naive_dp", "gamma"] == pytest.approx(0.3)  # the median of 0.5 and 0.1
+
+
+def test_the_score_summary_pairs_dp_merging_with_dp_by_seed():
+    from dpmerge.report.ace_study import score_summary
+
+    summary = score_summary(_score_rows(), ["ace", "ties"])
+    private = summary[summary["epsilon"] == 1.0].set_index("operator")
+    assert list(private.index) == ["ace", "ties"]
+    assert private.loc["ace", "naive_dp_mean"] == pytest.approx(56)  # (50 + 60) / 2 + mean seed 1
+    assert private.loc["ace", "difference"] == pytest.approx(2)
+    assert private.loc["ace", "difference_low"] == pytest.approx(2)  # identical paired differences: no spread
+    nonprivate = summary[summary["epsilon"] == math.inf].set_index("operator")
+    assert nonprivate.loc["ties", "nonprivate_mean"] == pytest.approx(76)
+    with pytest.raises(ValueError, match=r"no merged scores of \['iso_c'\]"):
+        score_summary(_score_rows(), ["ace", "iso_c"])
+
+
+def test_ace_report_writes_both_tables_and_the_figure(tmp_path):
+    from dpmerge.stages.report import ace_report
+
+    gates, scores = tmp_path / "gates.parquet", tmp_path / "scores.parquet"
+    _gate_rows().to_parquet(gates)
+    _score_rows().to_parquet(scores)
+    prefix = str(tmp_path / "ace_under_dp")
+    ace_report(gates=[str(gates)], scores=[str(scores)], operators=["ace", "ties"], labels={"ace": "ACE E4"},
+               out_prefix=prefix, figure=[str(tmp_path / "ace.png")])
+    markdown = (tmp_path / "ace_under_dp_scores.md").read_text()
+    assert "| effnet | ACE E4 | 1 |" in markdown and "TIES" in markdown and "+2.0" in markdown
+    assert "| effnet | DP | 1 | 50 [50, 50] |" in (tmp_path / "ace_under_dp_gates.md").read_text()
+    assert (tmp_path / "ace.png").stat().st_size > 10_000
+
+
+def test_the_ace_preset_reads_every_merged_release_group(tmp_path):
+    from test_presets import job_counts
+    from workflow_runs import ROOT
+
+    counts = job_counts(tmp_path, "--configfile", str(ROOT / "presets/ace.yaml"))
+    groups = 2 * 3 * (1 + 2 * 3)  # backbones x seeds x (non-private + 2 private methods x 3 budgets)
+    assert counts["ace_gates"] == groups and counts["ace_report"] == 1
+    assert counts["merge"] == groups * 9

@@ -282,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test examples of the gradient-variance probe (default 64)")
     p.add_argument("-o", "--out", required=True, help="rows .parquet, one per task")
 
+    p = add("ace-report", "report.ace_report",
+            "ACE-Merging under DP: its gate and the noise floor on the releases per budget (PREFIX_gates.*), each "
+            "operator's merged score per budget with DP-Merging - DP paired by seed (PREFIX_scores.*), a figure.")
+    p.add_argument("--gates", nargs="+", required=True, help="'dpmerge ace-gates' files")
+    p.add_argument("--scores", nargs="+", required=True, help="merged score files ('dpmerge evaluate')")
+    p.add_argument("--operators", nargs="+", required=True, help="merge entries compared, in the tables' order")
+    p.add_argument("--labels", type=json_object, default={},
+                   help="JSON: a display name per merge entry, e.g. '{\"ace_e1\": \"ACE E1\"}' (default: names)")
+    p.add_argument("--out-prefix", required=True,
+                   help="writes PREFIX_gates.* and PREFIX_scores.* (.parquet, .md, .tex)")
+    p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
+
     p = add("noise-report", "noise_scale.noise_report", "The effective-noise table (PREFIX.parquet, .md, .tex) "
                                                         "and figure: every setting's merge "
                             "success against T (mean over seeds, 95 % interval), with the best non-private "

@@ -48,6 +48,7 @@ PIPELINE_STEPS = {
     "audit-pool": "one pooled audit of a whole release group",
     "audit-report": "the audits' table and figure",
     "mix-report": "the mixing table and figure",
+    "ace-report": "ACE under DP: its gate, the noise floor, its merges",
     "plot-sharpness-drift": "Fig. 3: sharpness and drift against epsilon",
     "plot-gap-bound": "merge gap against Theorem 5.2's bound",
     "plot-interpolation": "interpolation curves per task and method",

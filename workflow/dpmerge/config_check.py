@@ -78,6 +78,7 @@ def check_config(config: dict) -> None:
     _check_audit(config)
     _check_mix(config)
     _check_noise_scale(config)
+    _check_ace_study(config)
 
 
 def schema_error(config: dict, error: Exception) -> str:
@@ -506,6 +507,15 @@ def finetune_settings(config: dict, backbone: str, method: str) -> dict:
         merged.update(level)
         merged.update(by_method.get(method, {}))
     return merged
+
+
+def _check_ace_study(config):
+    for name in config["ace_study"]["operators"]:
+        if name not in config["merge"]:
+            raise ConfigError(f"ace_study.operators: {name!r} is not among the configured merges "
+                              f"({', '.join(config['merge'])})")
+        if OPERATORS[merge_operator(config, name)].personalized:
+            raise ConfigError(f"ace_study.operators: {name!r} gives one model per task; the study compares merges")
 
 
 def _check_noise_scale(config):

@@ -174,4 +174,5 @@ def all_targets():
         targets += [prefix + ext for ext in TABLE_EXTENSIONS]
     for prefix in all_figures():
         targets += [prefix + ext for ext in FIGURE_EXTENSIONS]
-    return targets + audit_targets() + mix_targets() + noise_targets()  # audit_common, mix_common, noise_common
+    # audit_common, mix_common, noise_common, ace_common
+    return targets + audit_targets() + mix_targets() + noise_targets() + ace_targets()

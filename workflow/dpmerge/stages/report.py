@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dpmerge.report import figures
+from dpmerge.report import ace_study, figures
 from dpmerge.report import tables as paper_tables
 from dpmerge.report.answer import write_answer
 from dpmerge.report.protocol import write_choice
@@ -81,3 +81,18 @@ def select_budget(*, candidates: dict, tables: dict[str, str], seeds: int, out_m
                          seeds=seeds)
     for _, row in frame[frame["chosen"]].iterrows():
         log(f"[select-budget] {row['kind']}: {row['candidate']} (pooled validation average {row['pooled']:.1f})")
+
+
+def ace_report(*, gates: list[str], scores: list[str], operators: list[str], labels: dict, out_prefix: str,
+               figure: list[str]) -> None:
+    """ACE under DP: PREFIX_gates.* (ACE's gate and the noise floor per backbone, method and budget, from
+    'dpmerge ace-gates' files), PREFIX_scores.* (each of `operators`' merged score per budget, DP-Merging - DP
+    paired by seed) and the figure of both."""
+    if not gates or not scores:
+        raise ValueError("ace-report needs --gates and --scores files")
+    gate_rows = ace_study.gate_summary(_read_all(gates))
+    score_rows = ace_study.score_summary(_read_all(scores), operators)
+    ace_study.write_tables(gate_rows, score_rows, labels, out_prefix)
+    ace_study.plot_ace_study(gate_rows, score_rows, labels, figure)
+    log(f"[ace-report] {len(gate_rows)} gate rows, {len(score_rows)} score rows -> {out_prefix}_gates.md, "
+        f"{out_prefix}_scores.md")
