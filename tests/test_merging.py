@@ -103,7 +103,7 @@ def test_the_finiteness_check_finds_every_nan_and_inf_and_no_finite_value(dtype)
     assert _all_finite(strided.T) is False and _all_finite(strided[:5].T) is True
 
 
-@pytest.mark.parametrize("operator", ["pcb", "wudi", "regmean"])
+@pytest.mark.parametrize("operator", ["pcb", "wudi", "regmean", "ace"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rules_that_free_each_task_tensor_leave_the_callers_vectors_alone(operator, dtype):
     """PCB, WUDI and RegMean empty the list of task tensors they are handed as they go (merge.sources.consume)
