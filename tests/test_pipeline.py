@@ -468,7 +468,7 @@ def test_a_schema_violation_is_one_line_naming_the_field_and_the_closest_key():
         check_config(config)
     message = str(refused.value)
     assert len(message.splitlines()) == 1 and "did you mean 'seeds' instead of 'seedz'?" in message
-    assert "(allowed here: audit, backbones, checkpoint_every," in message
+    assert "(allowed here: ace_study, audit, backbones, checkpoint_every," in message
     config = yaml.safe_load(yaml.safe_dump(TINY))
     config["data"]["max_train"] = "many"
     with pytest.raises(ConfigError, match=r"data\.max_train: 'many' is not of type"):
