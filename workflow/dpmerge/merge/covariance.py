@@ -55,6 +55,11 @@ def heterogeneity(squared_norms: list[float]) -> float:
     return variance / (mean**2 + TINY)
 
 
+def squared_norms(matrices: list[torch.Tensor]) -> list[float]:
+    """||dW_t||_F^2 of each (uncentred) update, in float64: the traces gamma is computed from."""
+    return [float(m.double().pow(2).sum()) for m in matrices]
+
+
 def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: float, k_fraction: float, stage: int,
               prior: str, key: str = "", free_inputs: bool = False) -> AceLayer:
     """ACE on one weight matrix (T updates dW_t of shape m x n), stages cumulative:
@@ -76,8 +81,8 @@ def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: floa
     """
     count = len(matrices)
     rows, width = matrices[0].shape
-    squared_norms = [float(m.double().pow(2).sum()) for m in matrices]
-    gamma = heterogeneity(squared_norms)
+    norms = squared_norms(matrices)
+    gamma = heterogeneity(norms)
     heterogeneous = bool(gamma > gamma_threshold)  # NaN (one task) compares False: the gate stays shut
     normalise = stage >= 2 and heterogeneous
     refine = stage >= 4 and heterogeneous
@@ -104,19 +109,16 @@ def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: floa
         column_sums += covariance.sum(dim=0, keepdim=True)
         if covariance_sum is not None:
             covariance_sum += covariance
-        scale = 1 / trace
+        if refine:
+            update_sum += update
         if rows < width:
             # X S_t = (X dW~^T) dW~ / tr through the m x m Gram: 2 m^2 n flops instead of m n^2 (half, for a
             # ViT's fc2 or patch embedding: m = 768, n = 3072)
-            gram = centred @ centred.T
-            weighted.addmm_(gram, centred, alpha=scale).add_(centred, alpha=eps_t)
+            weighted.addmm_(centred @ centred.T, centred, alpha=1 / trace).add_(centred, alpha=eps_t)
             if refine:
-                update_sum += update
-                update_covariance.addmm_(update @ centred.T, centred, alpha=scale)
-            del gram
+                update_covariance.addmm_(update @ centred.T, centred, alpha=1 / trace)
         else:
             if refine:
-                update_sum += update
                 update_covariance.addmm_(update, covariance)
             weighted.addmm_(centred, covariance).add_(centred, alpha=eps_t)
         covariance.diagonal().add_(eps_t)
@@ -131,7 +133,7 @@ def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: floa
         if prior == "official":
             structural = column_sums / width  # torch.mean(sum_t S_t, dim=0): the mean of each column
             if heterogeneous:
-                structural /= sum(squared_norms) / count + TINY
+                structural /= sum(norms) / count + TINY
             system += structural  # broadcast: the same row added to every row of A
         else:
             system += covariance_sum.div_(count)
@@ -166,7 +168,8 @@ def noise_floor_share(update: torch.Tensor) -> float:
     ratio min/max and omega(beta) = 0.56 beta^3 - 0.95 beta^2 + 1.82 beta + 1.43. DP's noise adds a roughly
     isotropic floor to every S_t; this says how much of S_t stands above it (1: all signal, 0: all floor). NaN
     for a zero update."""
-    centred = update.double() - update.double().mean(dim=0, keepdim=True)
+    update = update.double()
+    centred = update - update.mean(dim=0, keepdim=True)
     singular = torch.linalg.svdvals(centred)
     energy = float(singular.pow(2).sum())
     if energy == 0:
@@ -184,13 +187,13 @@ def gate_readings(key: str, tensors: list[torch.Tensor], gamma_threshold: float,
     matrices = [matrix_view(t, include_conv) for t in tensors]
     if matrices[0] is None:
         return []
-    squared_norms = [float(m.double().pow(2).sum()) for m in matrices]
-    gamma = heterogeneity(squared_norms)
+    norms = squared_norms(matrices)
+    gamma = heterogeneity(norms)
     rows, cols = matrices[0].shape
     return [{"tensor": key, "task_index": index, "rows": rows, "cols": cols, "gamma": gamma,
              "gate_open": bool(gamma > gamma_threshold), "squared_norm": norm,
              "share_above_noise_floor": noise_floor_share(matrix)}
-            for index, (matrix, norm) in enumerate(zip(matrices, squared_norms))]
+            for index, (matrix, norm) in enumerate(zip(matrices, norms))]
 
 
 def _ace_tensor(key, tensors, stats, eps, gamma_threshold, k_fraction, scaling, stage, prior, include_conv):

@@ -14,20 +14,15 @@ import numpy as np
 import pandas as pd
 
 from dpmerge.epsilon import epsilon_value
-from dpmerge.methods import BASELINE, FIGURE_ORDER, PROPOSED
-from dpmerge.report.figures import _pyplot, save_figure
+from dpmerge.methods import BASELINE, PROPOSED
+from dpmerge.report.figures import _pyplot, _require, ordered_methods, save_figure
 from dpmerge.report.labels import METHOD_LABELS, label_of, operator_label
 from dpmerge.report.small_table import write_small_table
-from dpmerge.report.tables import t_interval
+from dpmerge.report.tables import signed_cell, t_interval
 
 GATE_COLUMNS = {"backbone", "method", "target_epsilon", "seed", "tensor", "task", "gamma", "gate_open",
                 "share_above_noise_floor"}
 SCORE_COLUMNS = {"backbone", "method", "target_epsilon", "seed", "model", "task", "score"}
-
-
-def _require(frame: pd.DataFrame, needed: set[str], what: str) -> None:
-    if missing := needed - set(frame.columns):
-        raise ValueError(f"{what} lack columns {sorted(missing)}")
 
 
 def _with_epsilon(frame: pd.DataFrame) -> pd.DataFrame:
@@ -37,7 +32,7 @@ def _with_epsilon(frame: pd.DataFrame) -> pd.DataFrame:
 def gate_summary(gates: pd.DataFrame) -> pd.DataFrame:
     """Per (backbone, method, epsilon): the share of weight matrices whose gate opens, the median gamma and the
     mean share of a task's covariance above the noise floor, each a mean over seeds with its 95 % interval."""
-    _require(gates, GATE_COLUMNS, "ace-gates rows")
+    _require(gates, GATE_COLUMNS, "ace-gates")
     gates = _with_epsilon(gates)
     keys = ["backbone", "method", "epsilon"]
     matrices = gates.groupby([*keys, "seed", "tensor"], sort=False).agg(
@@ -87,20 +82,15 @@ def score_summary(scores: pd.DataFrame, operators: list[str], baseline: str = BA
                              else c, kind="stable").reset_index(drop=True)
 
 
-def ordered_methods(methods) -> list[str]:
-    """The figures' method order (methods.FIGURE_ORDER), others after it."""
-    present = list(dict.fromkeys(methods))
-    return [m for m in FIGURE_ORDER if m in present] + [m for m in present if m not in FIGURE_ORDER]
-
-
 def _interval(mean: float, low: float, high: float, digits: int = 1, signed: bool = False) -> str:
+    """'56.0 [53.5, 58.5]'; a signed difference as the paper tables write it (tables.signed_cell)."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "–"
-    text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    if signed:
+        return signed_cell(mean, low, high).replace("-", "−")
+    text = f"{mean:.{digits}f}"
     if not (isinstance(low, float) and math.isnan(low)):
-        text += f" [{low:+.{digits}f}, {high:+.{digits}f}]" if signed else f" [{low:.{digits}f}, {high:.{digits}f}]"
-        if signed and (low > 0 or high < 0):
-            text += " *"
+        text += f" [{low:.{digits}f}, {high:.{digits}f}]"
     return text.replace("-", "−")
 
 

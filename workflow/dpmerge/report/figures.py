@@ -53,9 +53,14 @@ def _pyplot():
     return plt
 
 
-def _methods(frame: pd.DataFrame) -> list[str]:
-    present = list(dict.fromkeys(frame["method"]))
+def ordered_methods(methods) -> list[str]:
+    """The methods present, in the figures' order (methods.FIGURE_ORDER), others after it in order of appearance."""
+    present = list(dict.fromkeys(methods))
     return [m for m in METHOD_ORDER if m in present] + [m for m in present if m not in METHOD_ORDER]
+
+
+def _methods(frame: pd.DataFrame) -> list[str]:
+    return ordered_methods(frame["method"])
 
 
 def _style(method: str, index: int) -> tuple:
