@@ -50,6 +50,9 @@ PRIVACY_FIELDS = (
     "pretrained_sha256",
     "num_train_examples",
 )
+# A release that is a function of another release alone (a denoised task vector, stages/denoise.py) says so here:
+# {"operation", "method", "tensors_sha256" of the release}; the ledger finds that release and charges nothing.
+POST_PROCESSING = "post_processing_of"
 
 
 def current_umask() -> int:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from dpmerge.merge.matrices import matrix_view, mean_of
+from dpmerge.merge.noise_floor import hard_threshold_share
 from dpmerge.merge.sources import consume
 
 # Guards of the official code: added to traces before a log or a division
@@ -162,22 +163,12 @@ def _solve_right(b: torch.Tensor, a: torch.Tensor, key: str) -> torch.Tensor:
 
 def noise_floor_share(update: torch.Tensor) -> float:
     """The share of the estimated covariance's trace, tr(dW~^T dW~) = sum_i s_i^2 over the singular values of
-    the row-centred update, held by singular values above the noise floor: Gavish and Donoho's hard threshold for
-    a low-rank signal in white noise of unknown level ("The Optimal Hard Threshold for Singular Values is
-    4/sqrt(3)", IEEE Trans. Inf. Theory 2014, arXiv 1305.5870), omega(beta) * median(s) with beta the aspect
-    ratio min/max and omega(beta) = 0.56 beta^3 - 0.95 beta^2 + 1.82 beta + 1.43. DP's noise adds a roughly
-    isotropic floor to every S_t; this says how much of S_t stands above it (1: all signal, 0: all floor). NaN
-    for a zero update."""
+    the row-centred update, held by singular values above the noise floor: Gavish and Donoho's optimal hard
+    threshold for a low-rank signal in white noise of unknown level (merge/noise_floor.py). DP's noise adds a
+    roughly isotropic floor to every S_t; this says how much of S_t stands above it (1: all signal, 0: all
+    floor). NaN for a zero update."""
     update = update.double()
-    centred = update - update.mean(dim=0, keepdim=True)
-    singular = torch.linalg.svdvals(centred)
-    energy = float(singular.pow(2).sum())
-    if energy == 0:
-        return math.nan
-    beta = min(centred.shape) / max(centred.shape)
-    omega = 0.56 * beta**3 - 0.95 * beta**2 + 1.82 * beta + 1.43
-    threshold = omega * float(singular.median())
-    return float(singular[singular > threshold].pow(2).sum()) / energy
+    return hard_threshold_share(update - update.mean(dim=0, keepdim=True))
 
 
 def gate_readings(key: str, tensors: list[torch.Tensor], gamma_threshold: float, include_conv: bool) -> list[dict]:

@@ -156,3 +156,14 @@ NEEDS_STATISTICS: dict[str, str] = {spec.name: spec.statistic for spec in _SPECS
 
 # What a merge may read: task vectors tau_t, or difference vectors tau_t - mean(tau) (merge_stream's `vectors`).
 VECTOR_KINDS = ("task", "difference")
+
+# What a merge can denoise its inputs with first (config merge.<entry>.denoise, `dpmerge denoise --method`;
+# merge/denoise.py states the mathematics): post-processing of each release, from the vector alone.
+DENOISERS = {
+    "svd_shrink": "each weight matrix's singular values by Gavish-Donoho's Frobenius-optimal shrinker at the "
+                  "noise floor estimated from the matrix; other tensors by James-Stein",
+    "svd_hard": "each weight matrix's singular values above Gavish-Donoho's optimal hard threshold kept, the rest "
+                "zeroed; other tensors by James-Stein",
+    "james_stein": "every tensor shrunk towards zero by positive-part James-Stein at the release's pooled noise "
+                   "level (no spectral structure)",
+}

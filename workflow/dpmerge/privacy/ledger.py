@@ -15,7 +15,10 @@ Checks (each can fail, and `tests/test_privacy.py` makes each fail):
   so the group's release is (max epsilon, max delta)-DP by parallel composition over disjoint task datasets
   (paper, Thm. C.1);
 - a merge statistic on private data is privatized and composed; one on public data names a dataset declared
-  public that is no released task's training set.
+  public that is no released task's training set;
+- a post-processed release (`post_processing_of`: a denoised task vector, stages/denoise.py) is a function of
+  one release alone, so it spends nothing: it must name, by tensor hash, a release the ledger holds, and carry
+  that release's record unchanged; it composes nothing and is no second release of its task in its group.
 
 Notes (not failures): delta = 1/N, the paper's convention, is weaker than common practice.
 
@@ -33,7 +36,7 @@ import math
 
 import pandas as pd
 
-from dpmerge.artifacts import PRIVACY_FIELDS, read_metadata
+from dpmerge.artifacts import POST_PROCESSING, PRIVACY_FIELDS, file_tensors_sha256, read_metadata
 from dpmerge.epsilon import epsilon_column_value, epsilon_value
 from dpmerge.privacy import rdp
 from dpmerge.privacy.accounting import (
@@ -126,7 +129,19 @@ def _is_private(method) -> bool:
 
 
 def build_ledger(paths: list[str]) -> pd.DataFrame:
-    return ledger_of_records([(path, read_metadata(path)) for path in paths])
+    """The ledger of release files; where some are post-processed releases, every release's tensor hash too
+    (`tensors_sha256`, read only then: it reads every file whole), to find the release each one came from."""
+    records = [(path, read_metadata(path)) for path in paths]
+    table = ledger_of_records(records)
+    if table["post_processing_of"].astype(bool).any():
+        table["tensors_sha256"] = [file_tensors_sha256(path) if not derived else ""
+                                   for path, derived in zip(paths, table["post_processing_of"])]
+    return table
+
+
+def derived_from(meta: dict) -> str:
+    """The tensor hash of the release a post-processed release is a function of ('' for a release itself)."""
+    return str((meta.get(POST_PROCESSING) or {}).get("tensors_sha256", ""))
 
 
 # Everything record_epsilon and independent_epsilon read from a record. Releases that agree on these (a study's
@@ -151,6 +166,10 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
         for field in ("lr", "batch_size", "weight_decay"):
             row[field] = float(settings[field]) if field in settings else math.nan
         row["record_complete"] = all(field in meta for field in PRIVACY_FIELDS)
+        row["post_processing_of"] = derived_from(meta)
+        row["post_processing"] = str((meta.get(POST_PROCESSING) or {}).get("operation", ""))
+        row["record_json"] = json.dumps({field: meta.get(field) for field in (*PRIVACY_FIELDS, "task", "backbone")},
+                                        sort_keys=True)
         private = row["record_complete"] and _is_private(meta.get("method"))
         # The accountant's view of the release, from its record alone (the ledger recomputes, never trusts).
         row["mechanisms"] = json.dumps(record_mechanisms(meta)) if private else "[]"
@@ -171,6 +190,8 @@ def ledger_of_records(records: list[tuple[str, dict]]) -> pd.DataFrame:
             row["lower_bound_epsilon"] = 0.0
         row["accounting_error"] = row.get("accounting_error", "")
         row["public_n"] = meta.get("public_n")
+        if row["post_processing_of"]:  # a function of a release the ledger composes already: spends nothing
+            row["mechanisms"] = "[]"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -216,11 +237,47 @@ def check_ledger(ledger: pd.DataFrame) -> list[str]:
             second = "Opacus's PRV" if row.accountant == "pld" else "dp_accounting"
             problems.append(f"{row.path}: an independent accountant ({second}) finds epsilon "
                             f"{row.independent_epsilon:.6f} for its record, above {against}")
-    for key, group in ledger.groupby(GROUP, dropna=False):
+    releases = _releases(ledger)
+    for key, group in releases.groupby(GROUP, dropna=False):
         duplicated = group["task"][group["task"].duplicated()].tolist()
         if duplicated:
             problems.append(f"release group {key}: task(s) {duplicated} released twice (budgets would compose)")
-    return problems
+    return problems + check_post_processed(ledger)
+
+
+def _releases(ledger: pd.DataFrame) -> pd.DataFrame:
+    """The rows that are releases, not post-processings of one."""
+    if "post_processing_of" not in ledger or not len(ledger):
+        return ledger
+    return ledger[~ledger["post_processing_of"].astype(bool)]
+
+
+def post_processing_verdicts(ledger: pd.DataFrame) -> dict[str, str]:
+    """Per post-processed row's path, '' where it holds, else what is wrong: it must name, by tensor hash, a
+    release the ledger holds, and carry that release's record unchanged (the same epsilon, delta, sigma, q, steps,
+    seed, w0, task...): a function of that release alone spends nothing more, and nothing less may be claimed."""
+    if "post_processing_of" not in ledger or not ledger["post_processing_of"].astype(bool).any():
+        return {}
+    hashes = ledger["tensors_sha256"] if "tensors_sha256" in ledger else pd.Series("", index=ledger.index)
+    records = {h: r for h, r, d in zip(hashes, ledger["record_json"], ledger["post_processing_of"]) if h and not d}
+    verdicts = {}
+    for row in ledger[ledger["post_processing_of"].astype(bool)].itertuples():
+        verdicts[row.path] = ""
+        if row.post_processing_of not in records:
+            verdicts[row.path] = (f"{row.path}: a post-processing ({row.post_processing}) of a release the ledger "
+                                  f"does not hold (tensors {row.post_processing_of[:12]}...): its budget is "
+                                  "accounted nowhere")
+        elif records[row.post_processing_of] != row.record_json:
+            release = json.loads(records[row.post_processing_of])
+            differing = sorted(k for k, v in json.loads(row.record_json).items() if release.get(k) != v)
+            verdicts[row.path] = (f"{row.path}: a post-processing ({row.post_processing}) whose record differs "
+                                  f"from its release's in {', '.join(differing)}: post-processing keeps the "
+                                  "release's record")
+    return verdicts
+
+
+def check_post_processed(ledger: pd.DataFrame) -> list[str]:
+    return [problem for problem in post_processing_verdicts(ledger).values() if problem]
 
 
 STATISTICS_COLUMNS = ["path", "kind", "source", "public_dataset", "backbone", "method", "target_epsilon", "seed",
@@ -267,7 +324,8 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
     private audit run composed (`composed_epsilon`), and the epsilon of publishing everything in the ledger
     (`published_epsilon`), which a non-private release of the task makes infinite."""
     rows = []
-    for task, group in ledger.groupby("task"):
+    for task, everything in ledger.groupby("task"):
+        group = _releases(everything)
         private = group[group["method"].map(_is_private)]
         mechanisms = [tuple(m) for value in private["mechanisms"] for m in json.loads(value)]
         audited, audit_runs = audit_mechanisms(audits, task)
@@ -297,6 +355,7 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
             epsilon = composed_epsilon(mechanisms, delta, COMPOSITION_ACCOUNTANT, relation)
         rows.append({"task": task, "backbones": ", ".join(sorted(group["backbone"].astype(str).unique())),
                      "private_releases": len(private), "private_statistics": count,
+                     "post_processed": len(everything) - len(group),
                      "private_audit_runs": audit_runs,
                      "nonprivate_releases": nonprivate,
                      "max_single_epsilon": max((epsilon_value(e) for e in private["spent_epsilon"]), default=0.0),
@@ -321,6 +380,7 @@ CHECK_VERDICTS = ("PASS", "FAIL")
 
 def ledger_notes(ledger: pd.DataFrame) -> list[str]:
     """What holds but is weaker than it could be (not a failure): delta = 1/N, the paper's convention."""
+    ledger = _releases(ledger)
     private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
     if not len(private):
         return []
@@ -339,7 +399,9 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
     """The check's outcome as data (privacy/ledger_check.json): what the answer page and other tools read instead
     of parsing the Markdown report. `independent_gap_percent` is the independent accountant's epsilon relative to
     what it is compared with (min and max, %): ours on the integer RDP orders, or the claim for PRV and
-    replace-one records; None when no record is private."""
+    replace-one records; None when no record is private. Post-processed releases are counted apart."""
+    post_processed = len(ledger) - len(_releases(ledger))
+    ledger = _releases(ledger)
     private = ledger[ledger["method"].map(_is_private)] if len(ledger) else ledger
     gap = lower = None
     if len(private):
@@ -353,6 +415,7 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
             lower = {"min": float(below.min()), "max": float(below.max())}
     return {"verdict": "FAIL" if problems else "PASS", "problems": list(problems), "notes": ledger_notes(ledger),
             "releases": int(len(ledger)), "private_releases": int(len(private)),
+            "post_processed": int(post_processed),
             "lower_bound_ratio": lower,
             "statistics": 0 if statistics is None else int(len(statistics)),
             "audits": 0 if audits is None else int(len(audits)), "independent_gap_percent": gap}
@@ -361,7 +424,10 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
 def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
                   audits: pd.DataFrame | None = None) -> str:
     relations = sorted(set(ledger.get("neighbouring", pd.Series(dtype=str)).dropna()))
-    lines = ["# Privacy ledger", "", f"{len(ledger)} released task vectors.", "",
+    releases = _releases(ledger)
+    derived = ledger.loc[ledger.index.difference(releases.index)]
+    lines = ["# Privacy ledger", "", f"{len(releases)} released task vectors"
+             + (f", and {len(derived)} post-processings of them." if len(derived) else "."), "",
              THREAT_MODEL.format(relations="; ".join(RELATIONS.get(r, r) for r in relations) or "none recorded"),
              ""]
     lines += ["## Release groups (parallel composition over disjoint task datasets)", ""]
@@ -374,7 +440,7 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
     lines += ["| backbone | method | rho | lambda | lr | B | wd | target eps | seed | tasks | relation | "
               "claimed eps | recomputed eps | lower bound | max delta |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, group in ledger.groupby(GROUP, dropna=False):
+    for key, group in releases.groupby(GROUP, dropna=False):
         spent = max(epsilon_value(v) for v in group["spent_epsilon"])
         recomputed = group["recomputed_epsilon"].astype(float).max()
         lower = group["lower_bound_epsilon"].astype(float).max()
@@ -384,6 +450,18 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
         relation = ", ".join(sorted(set(group["neighbouring"].dropna().astype(str)))) or "--"
         lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {settings} | {target} | {seed} | "
                      f"{len(group)} | {relation} | {spent:.4f} | {recomputed:.4f} | {lower:.4f} | {delta:.3g} |")
+    if len(derived):
+        lines += ["", "## Post-processed releases (no budget of their own)", "",
+                  "Each is a function of one release alone (its tensors, no data), so it spends nothing: it names "
+                  "that release by tensor hash, which the ledger finds among its releases, and keeps its record.",
+                  "", "| operation | backbone | method | target eps | files | their release found, record kept |",
+                  "|---|---|---|---|---|---|"]
+        verdicts = post_processing_verdicts(ledger)
+        for (operation, backbone, method, target), group in derived.groupby(
+                ["post_processing", "backbone", "method", "target_epsilon"], dropna=False, sort=True):
+            found = sum(not verdicts[path] for path in group["path"])
+            lines.append(f"| {operation} | {backbone} | {method} | {target} | {len(group)} | {found} of "
+                         f"{len(group)} |")
     composition = task_composition(ledger, statistics, audits)
     lines += ["", "## Everything published, composed per task", "",
               "Every private release, private statistic and private audit run of the ledger that read a task's "
