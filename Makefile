@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo study full noise mixing protocol ace test install dry-run standin clean
+.PHONY: demo study full noise mixing protocol ace denoise test install dry-run standin clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ ace: install
 	$(BIN)/snakemake --cores $(CORES) --configfile presets/ace.yaml --workflow-profile profiles/local
 	$(BIN)/snakemake --cores 1 --configfile presets/ace.yaml --workflow-profile profiles/local --report results_ace/report.html
 
+# Denoised private releases: naive-DP and DP-Merging releases merged as released and denoised, in results_denoise/.
+denoise: install
+	$(BIN)/snakemake --cores $(CORES) --configfile presets/denoise.yaml --workflow-profile profiles/local
+	$(BIN)/snakemake --cores 1 --configfile presets/denoise.yaml --workflow-profile profiles/local --report results_denoise/report.html
+
 # Any target epsilon without training: selection and linear combination against training there, in results_mixing/.
 # Only the mixing table, figure and ledger are built (the preset's other tables would add nothing to them).
 MIXING_TARGETS := results_mixing/tables/mixing.md results_mixing/figures/mixing.png results_mixing/privacy/ledger_check.json
@@ -65,4 +70,4 @@ test: install
 	$(BIN)/python -m pytest -q -rs --durations=15 tests
 
 clean:
-	rm -rf results results_study results_full results_noise results_mixing results_protocol results_ace results_standin standins .snakemake
+	rm -rf results results_study results_full results_noise results_mixing results_protocol results_ace results_denoise results_standin standins .snakemake

@@ -32,9 +32,13 @@ ROOMS_BELOW = {
     "stages": {"privacy", "merge", "checkpoints", "diagnostics", "report", "training", "models", "data", "artifacts",
                "metrics", "epsilon", "methods", "runtime"},
     # the config check reads only the torch-free registries (the catalog test below holds it to that)
-    "config_check": {"data", "epsilon", "methods", "merge", "models", "training"},
+    "config_check": {"config_studies", "config_fields", "data", "epsilon", "methods", "merge", "models", "training"},
+    # the studies' sections of the config (noise_scale, mix, ace_study, denoise_study), checked after the grid's
+    "config_studies": {"config_fields", "epsilon", "methods", "merge"},
+    "config_fields": {"epsilon", "merge"},  # what the config checks share: their error, merge entries, budgets
     # the Snakefile's view: only the torch-free registries and helpers of the rooms it names
-    "catalog": {"config_check", "epsilon", "methods", "models", "training", "data", "merge", "report"},
+    "catalog": {"config_check", "config_fields", "config_studies", "epsilon", "methods", "models", "training", "data",
+                "merge", "report"},
     "diagnostics": {"models", "artifacts", "metrics", "runtime"},
     "report": {"artifacts", "epsilon", "methods", "runtime"},
     "merge": {"checkpoints", "artifacts", "epsilon", "runtime"},  # pure tensor code: no data, privacy, training

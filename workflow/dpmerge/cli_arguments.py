@@ -39,7 +39,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpmerge.catalog import OPERATOR_SPECS
+    from dpmerge.catalog import DENOISERS, OPERATOR_SPECS
 
     parser = argparse.ArgumentParser(
         prog="dpmerge",
@@ -246,6 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
 
+    p = add("denoise", "denoise.denoise", "A released task vector denoised from the vector alone: each weight "
+                                          "matrix's singular values "
+                   "against the noise floor estimated from its own spectrum (Gavish-Donoho), other tensors shrunk by "
+                   "James-Stein. Post-processing: the output keeps the release's record and epsilon, names the "
+                   "release it is a function of, and records each tensor's noise level and kept rank.")
+    p.add_argument("--task-vector", required=True, help="a released (or plain) task vector .safetensors")
+    p.add_argument("--method", choices=list(DENOISERS), default="svd_shrink",
+                   help="; ".join(f"{name}: {text}" for name, text in DENOISERS.items()))
+    p.add_argument("-o", "--out", required=True, help="the denoised task vector .safetensors")
+
     p = add("mix-report", "mix.mix_report", "The mixing table (PREFIX.parquet, .md, .tex) and figure: merged "
                                             "models of mixtures "
                           "('dpmerge mix') beside merged models of releases trained at each budget; every "
@@ -292,6 +302,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON: a display name per merge entry, e.g. '{\"ace_e1\": \"ACE E1\"}' (default: names)")
     p.add_argument("--out-prefix", required=True,
                    help="writes PREFIX_gates.* and PREFIX_scores.* (.parquet, .md, .tex)")
+    p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
+
+    p = add("denoise-report", "denoise.denoise_report",
+            "Denoised releases: each pair of merge entries (one denoising its inputs) on naive-DP and DP-Merging "
+            "releases per budget beside the Pretrained row, with the readings paired by seed (PREFIX.*), what "
+            "denoising found in the releases (PREFIX_noise.*), and a figure.")
+    p.add_argument("--scores", nargs="+", required=True, help="merged score files ('dpmerge evaluate') of both entries")
+    p.add_argument("--pretrained", nargs="*", default=[],
+                   help="the Pretrained row's individual score files (default: none, no Pretrained column)")
+    p.add_argument("--vectors", nargs="+", required=True, help="the denoised task vectors ('dpmerge denoise')")
+    p.add_argument("--pairs", nargs="+", required=True, help="DENOISED=PLAIN: each denoised merge entry and its twin")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.* and PREFIX_noise.* (.parquet, .md, .tex)")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
     p = add("noise-report", "noise_scale.noise_report", "The effective-noise table (PREFIX.parquet, .md, .tex) "

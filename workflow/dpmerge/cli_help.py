@@ -28,6 +28,7 @@ RESEARCHER_COMMANDS = {
     "audit": "lower-bound a fine-tune's epsilon with canaries",
     "mix": "a task's release at a new epsilon from releases at others",
     "combine": "a task's release at a target epsilon from repeated ones",
+    "denoise": "a release denoised at its noise floor, at no new budget",
 }
 
 # In the pipeline's order: data and w0, fine-tuning, diagnostics, audits and mixtures, figures, the report
@@ -49,6 +50,7 @@ PIPELINE_STEPS = {
     "audit-report": "the audits' table and figure",
     "mix-report": "the mixing table and figure",
     "ace-report": "ACE under DP: its gate, the noise floor, its merges",
+    "denoise-report": "denoised releases merged against trained ones",
     "plot-sharpness-drift": "Fig. 3: sharpness and drift against epsilon",
     "plot-gap-bound": "merge gap against Theorem 5.2's bound",
     "plot-interpolation": "interpolation curves per task and method",
@@ -98,6 +100,9 @@ EXAMPLES = {
                 "--heads results_mixing/heads/effnet/eps1/dp_merging/s0/digits.safetensors",
                 "results_mixing/heads/effnet/eps1/dp_merging/s1/digits.safetensors",
                 "--out-vector digits_combined.safetensors --out-head digits_combined_head.safetensors"],
+    "denoise": ["dpmerge denoise --method svd_shrink",
+                "--task-vector results/taskvectors/effnet/eps4/naive_dp/s0/digits.safetensors",
+                "-o digits_denoised.safetensors"],
 }
 
 

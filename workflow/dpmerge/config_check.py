@@ -15,6 +15,16 @@ import jsonschema
 import yaml
 
 # Only torch-free registries: the Snakefile runs these checks before any job (tests/test_structure.py).
+from dpmerge.config_fields import (  # noqa: F401 - re-exported: callers import the checks' names from here
+    MERGE_META_KEYS,
+    ConfigError,
+    check_data_free_merge,
+    finetune_settings,
+    merge_hyperparameters,
+    merge_operator,
+    released_budgets,
+)
+from dpmerge.config_studies import check_studies
 from dpmerge.data.own import OwnTaskError, check_entry, modality_of
 from dpmerge.data.registry import TASKS
 from dpmerge.epsilon import eps_label
@@ -25,21 +35,6 @@ from dpmerge.methods import METHODS, PRIVATE_MERGED_METHODS, SWEPT_PARAMETERS
 from dpmerge.models.registry import BACKBONES
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas/config.schema.yaml"
-MERGE_META_KEYS = ("operator", "vectors", "statistics")
-
-
-class ConfigError(ValueError):
-    def __init__(self, message: str):
-        super().__init__(f"config error: {message}")
-
-
-def merge_operator(config: dict, name: str) -> str:
-    return config["merge"][name].get("operator", name)
-
-
-def merge_hyperparameters(config: dict, name: str) -> dict:
-    return {k: v for k, v in config["merge"][name].items() if k not in MERGE_META_KEYS}
-
 
 def check_config(config: dict) -> None:
     """Validate against the schema (filling in its defaults, in place), then the checks a schema cannot express.
@@ -76,9 +71,7 @@ def check_config(config: dict) -> None:
     _check_diagnostics(config)
     _check_tables_and_sweeps(config)
     _check_audit(config)
-    _check_mix(config)
-    _check_noise_scale(config)
-    _check_ace_study(config)
+    check_studies(config)
 
 
 def schema_error(config: dict, error: Exception) -> str:
@@ -410,6 +403,10 @@ def _check_diagnostics(config):
         if target not in config["merge"]:
             raise ConfigError(f"diagnostics.{diagnostic}.operator: {target!r} is not among the configured merge "
                               f"operators ({', '.join(config['merge'])})")
+        if "denoise" in config["merge"][target]:
+            raise ConfigError(f"diagnostics.{diagnostic}.operator: {target!r} merges denoised releases, but the "
+                              "diagnostics measure the merged model against the released task models; name an "
+                              "entry without denoise")
         if OPERATORS[merge_operator(config, target)].personalized:
             raise ConfigError(f"diagnostics.{diagnostic}.operator: {target!r} gives one model per task, not one "
                               "merged model")
@@ -474,115 +471,7 @@ def _check_audit(config):
             if name in ("all", "rest"):
                 raise ConfigError(f"audit.groups.{task}: {name!r} is a reserved group name")
     for name in audit["merge"]:
-        _check_data_free_merge(config, name, "audit.merge", "an audit merges the kept runs' task vectors into one "
+        check_data_free_merge(config, name, "audit.merge", "an audit merges the kept runs' task vectors into one "
                                                             "model")
 
 
-def _check_data_free_merge(config: dict, name: str, field: str, why: str) -> None:
-    """`name` is a configured merge that reads no data statistics, gives one model and merges task vectors."""
-    if name not in config["merge"]:
-        raise ConfigError(f"{field}: {name!r} is not among the configured merges ({', '.join(config['merge'])})")
-    operator = OPERATORS[merge_operator(config, name)]
-    if operator.personalized or operator.statistic or config["merge"][name].get("vectors", "task") != "task":
-        raise ConfigError(f"{field}: {name!r} needs data statistics, gives one model per task or merges "
-                          f"difference vectors; {why}")
-
-
-def released_budgets(config: dict, backbone: str, method: str) -> list[float]:
-    """The budgets `method` is released at on `backbone`: the main grid's and the epsilon sweep's."""
-    budgets = list(config["epsilons"]) if method in config["methods"] else []
-    sweep = (config.get("sweeps") or {}).get("epsilon")
-    if sweep and method in sweep["methods"] and backbone in (sweep.get("backbones") or config["backbones"]):
-        budgets += sweep["epsilons"]
-    return sorted({eps_label(e): float(e) for e in budgets}.values())
-
-
-def finetune_settings(config: dict, backbone: str, method: str) -> dict:
-    """A method's fine-tuning settings on a backbone: global < global by_method[method] < the backbone's finetune <
-    the backbone's by_method[method] (the schema has filled in the defaults)."""
-    merged = {}
-    for level in (config["finetune"], config["backbones"][backbone].get("finetune", {})):
-        level = dict(level)
-        by_method = level.pop("by_method", {})
-        merged.update(level)
-        merged.update(by_method.get(method, {}))
-    return merged
-
-
-def _check_ace_study(config):
-    for name in config["ace_study"]["operators"]:
-        if name not in config["merge"]:
-            raise ConfigError(f"ace_study.operators: {name!r} is not among the configured merges "
-                              f"({', '.join(config['merge'])})")
-        if OPERATORS[merge_operator(config, name)].personalized:
-            raise ConfigError(f"ace_study.operators: {name!r} gives one model per task; the study compares merges")
-
-
-def _check_noise_scale(config):
-    study = config["noise_scale"]
-    if not study["methods"]:
-        return
-    for method in study["methods"]:
-        if method not in METHODS or METHODS[method].head_only:
-            raise ConfigError(f"noise_scale.methods: {method!r} must be a method that releases a task vector "
-                              f"({', '.join(m for m in METHODS if not METHODS[m].head_only)})")
-    for backbone in study["backbones"]:
-        if backbone not in config["backbones"]:
-            raise ConfigError(f"noise_scale.backbones: {backbone!r} is not one of backbones "
-                              f"({', '.join(config['backbones'])})")
-    if study["seeds"] > len(config["seeds"]):
-        raise ConfigError(f"noise_scale.seeds: {study['seeds']} but the study has {len(config['seeds'])} seed(s)")
-    if 1 in [float(f) for f in study["lr_factors"]]:
-        raise ConfigError("noise_scale.lr_factors: 1 is the configured run, which the study already has; drop it")
-    _check_data_free_merge(config, study["operator"], "noise_scale.operator",
-                           "the study reads one merged model per release group")
-    for backbone in study["backbones"] or config["backbones"]:
-        for method in study["methods"]:
-            settings = finetune_settings(config, backbone, method)
-            lr = float(settings["lr"])
-            for factor in [1.0, *study["lr_factors"]]:
-                for decay in [settings["weight_decay"], *study["weight_decays"]]:
-                    if not lr * factor * float(decay) < 1:
-                        raise ConfigError(f"noise_scale: lr {lr * factor:g} x weight decay {decay:g} on {backbone} "
-                                          f"({method}) is not below 1; AdamW would flip the weights' sign each step")
-
-
-def _check_mix(config):
-    mix = config["mix"]
-    if not mix["targets"]:
-        return
-    for method in mix["methods"]:
-        if method not in config["methods"] or not METHODS[method].private or METHODS[method].head_only:
-            raise ConfigError(f"mix.methods: {method!r} must be one of the configured private methods that release "
-                              f"a task vector ({', '.join(config['methods'])})")
-    _check_data_free_merge(config, mix["operator"], "mix.operator", "mixtures are merged data-free into one model")
-    for backbone in config["backbones"]:
-        for method in mix["methods"]:
-            budgets = released_budgets(config, backbone, method)
-            for target in mix["targets"]:
-                components = [b for b in budgets if eps_label(b) != eps_label(target)]
-                if not components or min(components) >= target:
-                    raise ConfigError(f"mix.targets: {target} on {backbone} needs a release of {method} at a smaller "
-                                      f"budget; it is released at {budgets} (epsilons and sweeps.epsilon.epsilons)")
-    _check_combine(config)
-
-
-def _check_combine(config):
-    mix, combine = config["mix"], config["mix"]["combine"]
-    if not combine["copies"]:
-        return
-    if combine["copies"] < 2 or combine["copies"] > len(config["seeds"]):
-        raise ConfigError(f"mix.combine.copies: {combine['copies']} must be 2 or more and at most the number of seeds "
-                          f"({len(config['seeds'])}): each combination averages that many independent repetitions")
-    if eps_label(combine["target"]) not in {eps_label(t) for t in mix["targets"]}:
-        raise ConfigError(f"mix.combine.target: {combine['target']:g} must be one of mix.targets {mix['targets']}, "
-                          f"where the combination is compared with selection")
-    if not combine["budget"] < combine["target"]:
-        raise ConfigError(f"mix.combine.budget: {combine['budget']:g} must be below mix.combine.target "
-                          f"{combine['target']:g}: a combination spends more than each of its components")
-    for backbone in config["backbones"]:
-        for method in mix["methods"]:
-            budgets = released_budgets(config, backbone, method)
-            if eps_label(combine["budget"]) not in {eps_label(b) for b in budgets}:
-                raise ConfigError(f"mix.combine.budget: {combine['budget']:g} is not a released budget of {method} on "
-                                  f"{backbone} ({budgets}: epsilons and sweeps.epsilon.epsilons)")

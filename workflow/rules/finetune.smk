@@ -125,7 +125,8 @@ rule finetune:
 
 rule privacy_ledger:
     input:
-        vectors=all_task_vectors(),
+        # the denoised releases too: the ledger finds the release each one came from and charges nothing
+        vectors=all_task_vectors() + all_denoised_vectors(),
         statistics=all_statistics(),
         audits=all_audit_rows(),
     output:

@@ -40,7 +40,7 @@ rule merge_statistics:
 rule merge:
     input:
         base=PRETRAINED,
-        vectors=per_task(TV),
+        vectors=merge_vectors,
         statistics=merge_statistics_files,
         heads=per_task(HEAD),
         data=per_task(DATA),

@@ -16,6 +16,13 @@ def operator_params(wildcards):
     return " ".join(flags)
 
 
+def merge_vectors(wildcards):
+    """The task vectors a merge reads: the releases, or their denoised versions where the entry has `denoise`."""
+    denoiser = config["merge"][wildcards.operator].get("denoise")
+    pattern = TV if denoiser is None else DENOISED_TV
+    return [pattern.format(task=task, denoiser=denoiser, **wildcards) for task in tasks_of(wildcards)]
+
+
 def merge_statistics_files(wildcards):
     """The statistics a merge reads (RegMean, Fisher), or none."""
     if merge_operator(wildcards.operator) not in NEEDS_STATISTICS:

@@ -37,6 +37,8 @@ PROTOCOL_CHOICE = result("protocol/choice.md")
 ANSWER = result("answer.md")
 ANSWER_RST = result("answer.rst")
 STATISTICS = result("statistics/{backbone}/{eps}/{method}/{seed}/{operator}.safetensors")
+# A release denoised from the vector alone (dpmerge denoise): post-processing, read by merges with `denoise`
+DENOISED_TV = result("denoised/{denoiser}/taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 
 
 # A CLIP backbone's tasks start from their zero-shot heads; the others train a fresh head.

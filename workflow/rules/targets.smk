@@ -175,4 +175,4 @@ def all_targets():
     for prefix in all_figures():
         targets += [prefix + ext for ext in FIGURE_EXTENSIONS]
     # audit_common, mix_common, noise_common, ace_common
-    return targets + audit_targets() + mix_targets() + noise_targets() + ace_targets()
+    return targets + audit_targets() + mix_targets() + noise_targets() + ace_targets() + denoise_targets()

@@ -23,12 +23,17 @@ AVERAGE_GAIN = "Avg. improvement over DP"
 
 
 def operator_label(name: str) -> str:
-    """Label of a configured merge: the operator's, and 'ties_difference' -> 'TIES (difference vectors)'."""
+    """Label of a configured merge: the operator's, 'ties_difference' -> 'TIES (difference vectors)',
+    'ties_denoised' -> 'TIES, denoised', 'ace_e1' -> 'ACE E1'."""
     if name in OPERATOR_LABELS:
         return OPERATOR_LABELS[name]
     base, _, variant = name.rpartition("_")
     if variant == "difference" and base in OPERATOR_LABELS:
         return f"{OPERATOR_LABELS[base]} (difference vectors)"
+    if variant == "denoised" and base:
+        return f"{operator_label(base)}, denoised"
+    if base == "ace" and variant in ("e1", "e2", "e3", "e4"):  # ACE's ablation stages (presets/ace.yaml)
+        return f"ACE {variant.upper()}"
     return name
 
 
