@@ -563,3 +563,36 @@ def test_sweeps_add_only_the_release_groups_and_merges_their_tables_need(tmp_pat
     assert {k: jobs.get(k, 0) for k in ("table1", "table4", "table5", "table6", "table7", "table8")} == {
         "table1": 2, "table4": 1, "table5": 0, "table6": 1, "table7": 0, "table8": 2}
     assert "--method dp_merging-rho0.2 --epsilon 4.0 --seed 0" in listing.stdout
+
+
+def test_denoised_merges_read_the_releases_denoised_and_the_ledger_holds_them_at_no_new_budget(finished_run, tmp_path):
+    """A merge entry with denoise: its inputs are the releases denoised (dpmerge denoise), nothing is fine-tuned
+    again, the ledger holds every denoised file beside its release and composes nothing for it, and the study's
+    table pairs the entry with its plain twin."""
+    workdir = tmp_path / "study"
+    shutil.copytree(finished_run, workdir, symlinks=True)
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["merge"]["ties_denoised"] = {**config["merge"]["ties"], "operator": "ties", "denoise": "svd_shrink"}
+    config["denoise_study"] = {"operators": ["ties_denoised"]}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    plan = snakemake(workdir, "-n")
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+    jobs = planned_jobs(plan.stdout + plan.stderr)
+    # 2 backbones x 2 methods x 2 tasks denoised, one merge per main group; no training
+    assert "finetune" not in jobs and jobs["denoise"] == 8 and jobs["merge"] == 4, jobs
+    result = snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = workdir / "results"
+    check = json.loads((results / "privacy/ledger_check.json").read_text())
+    assert (check["verdict"], check["releases"], check["post_processed"]) == ("PASS", 14, 8)
+    before = json.loads((finished_run / "results/privacy/ledger_check.json").read_text())
+    ledger = pd.read_parquet(results / "privacy/ledger.parquet")
+    derived = ledger[ledger["post_processing_of"] != ""]
+    assert len(derived) == 8 and (derived["mechanisms"] == "[]").all()
+    assert before["private_releases"] == check["private_releases"]  # nothing more released, nothing composed
+    _, merged_meta = load_tensors(results / "merged/effnet/eps4/naive_dp/s0/ties_denoised.safetensors")
+    assert all(entry["path"].startswith("denoised/svd_shrink/taskvectors/") for entry in merged_meta["inputs"])
+    table = pd.read_parquet(results / "tables/denoised_releases.parquet")
+    assert len(table) == 2 and set(table["operator"]) == {"ties"} and table["dp_denoised_mean"].notna().all()
+    noise = pd.read_parquet(results / "tables/denoised_releases_noise.parquet")
+    assert (noise["noise_level"] > 0).all() and set(noise["method"]) == {"naive_dp", "dp_merging"}
