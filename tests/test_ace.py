@@ -258,3 +258,20 @@ def test_the_ace_preset_reads_every_merged_release_group(tmp_path):
     groups = 2 * 3 * (1 + 2 * 3)  # backbones x seeds x (non-private + 2 private methods x 3 budgets)
     assert counts["ace_gates"] == groups and counts["ace_report"] == 1
     assert counts["merge"] == groups * 9
+
+
+def test_a_zero_update_with_the_gate_open_blows_up_as_in_the_official_code_and_is_warned():
+    """Adaptive normalisation sets eps_t = eps / (tr(S_t) + 1e-12): 1e10 for a zero update (what denoising leaves
+    of a pure-noise matrix). The official code's merge explodes there; ours equals it and says so."""
+    vectors = updates(4, (12, 9), seed=7)
+    for vector in vectors[:2]:
+        vector["layer.weight"] = torch.zeros_like(vector["layer.weight"])
+    with pytest.warns(RuntimeWarning, match="is \\(near\\) zero while the gate is open"):
+        merged = ours(vectors, stage=4)
+    reference = official(vectors, stage=4)
+    assert torch.allclose(merged["layer.weight"], reference["layer.weight"], rtol=1e-6)
+    largest_input = max(float(v["layer.weight"].norm()) for v in vectors)
+    assert float(merged["layer.weight"].norm()) > 1e3 * largest_input
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # gate shut (stage 1): no normalisation, no warning
+        ours(vectors, stage=1)

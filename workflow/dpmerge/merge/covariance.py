@@ -33,6 +33,8 @@ from dpmerge.merge.sources import consume
 
 # Guards of the official code: added to traces before a log or a division
 TINY = 1e-12
+# A task's squared norm at most this share of the largest one's counts as a zero update (see ace_layer's warning)
+ZERO_UPDATE = 1e-12
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,12 @@ def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: floa
     heterogeneous = bool(gamma > gamma_threshold)  # NaN (one task) compares False: the gate stays shut
     normalise = stage >= 2 and heterogeneous
     refine = stage >= 4 and heterogeneous
+    if normalise and min(norms) <= ZERO_UPDATE * max(norms):
+        # eps_t = eps / (tr(S_t) + 1e-12) reaches 1e10 for a zero update: A, and with the refinement the merge,
+        # blow up (a task vector of norm 0.06 merged to 6.5e7 in the denoising study), as in the official code
+        warnings.warn(f"ace: a task's update of {key or 'a weight matrix'} is (near) zero while the gate is open; "
+                      "the adaptive normalisation divides eps by its trace and the merge is not to be trusted "
+                      "(the official code does the same)", RuntimeWarning, stacklevel=3)
     full_prior = stage >= 3 and prior == "mean_cov"
 
     ridged_sum = torch.zeros(width, width, dtype=torch.float64)  # sum_t (S_t + eps_t I)
