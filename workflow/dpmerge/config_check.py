@@ -472,6 +472,6 @@ def _check_audit(config):
                 raise ConfigError(f"audit.groups.{task}: {name!r} is a reserved group name")
     for name in audit["merge"]:
         check_data_free_merge(config, name, "audit.merge", "an audit merges the kept runs' task vectors into one "
-                                                            "model")
+                                                           "model")
 
 
