@@ -120,6 +120,17 @@ def test_vectors_and_thin_matrices_take_the_pooled_level_of_the_release():
     assert denoised["token"].norm() < 0.2 * thin.norm()  # pure noise shrunk hard
 
 
+@pytest.mark.parametrize("method", ["svd_shrink", "james_stein"])
+def test_frozen_zero_matrices_leave_the_pooled_level_to_the_others(method):
+    sigma = 0.1
+    tensors = {f"frozen{i}.weight": torch.zeros(64, 64, dtype=torch.float64) for i in range(3)}
+    tensors["trained.weight"] = noise(128, 256, sigma, seed=40)
+    tensors["trained.bias"] = noise(1, 128, sigma, seed=41).flatten()
+    denoised, summary = denoise_vector(tensors, method)
+    assert summary["pooled_noise_level"] == pytest.approx(sigma, rel=0.10)
+    assert all(float(denoised[f"frozen{i}.weight"].abs().max()) == 0 for i in range(3))
+
+
 def test_without_any_matrix_the_level_comes_from_the_median_absolute_deviation():
     values = noise(1, 4000, 0.5, seed=30).flatten()
     values[:20] += 10.0  # a sparse signal leaves the MAD where the noise puts it

@@ -115,11 +115,13 @@ def denoise_vector(tensors: dict[str, torch.Tensor], method: str,
             denoised, reading = denoise_matrix(matrix, rule)
             out[key] = denoised.reshape(tensor.shape)
             readings[key] = asdict(reading)
-            estimates.append(reading.noise_level)
+            if reading.noise_level > 0:  # a zero matrix (a layer this task left frozen) says nothing of the noise
+                estimates.append(reading.noise_level)
             tick(len(out), total)
     if method == "james_stein":
-        estimates = [noise_level(torch.linalg.svdvals(m.double()), m.shape) for m in
-                     (spectral_matrix(t) for t in tensors.values()) if m is not None]
+        estimates = [level for level in (noise_level(torch.linalg.svdvals(m.double()), m.shape) for m in
+                                         (spectral_matrix(t) for t in tensors.values()) if m is not None)
+                     if level > 0]
     sigma, source = pooled_noise_level(estimates, tensors)
     for key, tensor in tensors.items():
         if key not in out:
