@@ -8,8 +8,6 @@ two-sided 95 % Student-t interval; DP-Merging - DP is paired by seed.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -17,8 +15,8 @@ from dpmerge.epsilon import epsilon_value
 from dpmerge.methods import BASELINE, PROPOSED
 from dpmerge.report.figures import _pyplot, _require, ordered_methods, save_figure
 from dpmerge.report.labels import METHOD_LABELS, label_of, operator_label
-from dpmerge.report.small_table import write_small_table
-from dpmerge.report.tables import signed_cell, t_interval
+from dpmerge.report.small_table import epsilon_text, interval_cell, write_small_table
+from dpmerge.report.tables import t_interval
 
 GATE_COLUMNS = {"backbone", "method", "target_epsilon", "seed", "tensor", "task", "gamma", "gate_open",
                 "share_above_noise_floor"}
@@ -82,22 +80,6 @@ def score_summary(scores: pd.DataFrame, operators: list[str], baseline: str = BA
                              else c, kind="stable").reset_index(drop=True)
 
 
-def _interval(mean: float, low: float, high: float, digits: int = 1, signed: bool = False) -> str:
-    """'56.0 [53.5, 58.5]'; a signed difference as the paper tables write it (tables.signed_cell)."""
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "–"
-    if signed:
-        return signed_cell(mean, low, high).replace("-", "−")
-    text = f"{mean:.{digits}f}"
-    if not (isinstance(low, float) and math.isnan(low)):
-        text += f" [{low:.{digits}f}, {high:.{digits}f}]"
-    return text.replace("-", "−")
-
-
-def _epsilon_text(epsilon: float) -> str:
-    return "∞" if not np.isfinite(epsilon) else f"{epsilon:g}"
-
-
 def write_tables(gates: pd.DataFrame, scores: pd.DataFrame, labels: dict[str, str], prefix: str) -> None:
     """<prefix>_gates.{parquet,md,tex} and <prefix>_scores.{parquet,md,tex}."""
     method = lambda name: label_of(METHOD_LABELS, name)  # noqa: E731
@@ -106,10 +88,10 @@ def write_tables(gates: pd.DataFrame, scores: pd.DataFrame, labels: dict[str, st
         if column in ("backbone", "method"):
             return row["backbone"] if column == "backbone" else method(row["method"])
         if column == "epsilon":
-            return _epsilon_text(row["epsilon"])
+            return epsilon_text(row["epsilon"])
         if column in ("gate_open", "floor"):  # shares: an interval past 0 or 100 % is shown at the bound
             low, high = (float(np.clip(100 * row[f"{column}_{end}"], 0, 100)) for end in ("low", "high"))
-            return _interval(100 * row[column], low, high, 0)
+            return interval_cell(100 * row[column], low, high, 0)
         return f"{row['gamma']:.3g}" if column == "gamma" else str(int(row[column]))
 
     write_small_table(
@@ -127,12 +109,12 @@ def write_tables(gates: pd.DataFrame, scores: pd.DataFrame, labels: dict[str, st
         if column == "operator":
             return labels.get(row["operator"]) or operator_label(row["operator"])
         if column == "epsilon":
-            return _epsilon_text(row["epsilon"])
+            return epsilon_text(row["epsilon"])
         if column == "difference":
-            return _interval(row.get("difference"), row.get("difference_low"), row.get("difference_high"),
+            return interval_cell(row.get("difference"), row.get("difference_low"), row.get("difference_high"),
                              signed=True)
         name = column.removesuffix("_mean")
-        return _interval(row.get(column), row.get(f"{name}_low"), row.get(f"{name}_high"))
+        return interval_cell(row.get(column), row.get(f"{name}_low"), row.get(f"{name}_high"))
 
     methods = ordered_methods(c.removesuffix("_mean") for c in scores.columns if c.endswith("_mean"))
     headers = {"backbone": "Backbone", "operator": "Operator", "epsilon": "ε"}

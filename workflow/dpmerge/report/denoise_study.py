@@ -19,8 +19,8 @@ from dpmerge.epsilon import epsilon_value
 from dpmerge.methods import BASELINE, METHODS, PROPOSED
 from dpmerge.report.figures import _pyplot, _require, save_figure
 from dpmerge.report.labels import operator_label
-from dpmerge.report.small_table import write_small_table
-from dpmerge.report.tables import signed_cell, t_interval
+from dpmerge.report.small_table import epsilon_text, interval_cell, write_small_table
+from dpmerge.report.tables import t_interval
 
 SCORE_COLUMNS = {"backbone", "method", "target_epsilon", "seed", "model", "task", "score"}
 # The columns of the score table: (method, denoised?) and the Pretrained row
@@ -145,19 +145,6 @@ def noise_summary(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _cell(mean, low, high, digits=1) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "–"
-    text = f"{mean:.{digits}f}"
-    if not (isinstance(low, float) and math.isnan(low)):
-        text += f" [{low:.{digits}f}, {high:.{digits}f}]"
-    return text.replace("-", "−")
-
-
-def _epsilon_text(epsilon: float) -> str:
-    return "∞" if not np.isfinite(epsilon) else f"{epsilon:g}"
-
-
 DIFFERENCE_HEADERS = {
     "denoise_gain_dp": "(a) DP + denoise − DP",
     "dp_denoised_vs_dpm": "(b) DP + denoise − DP-Merging",
@@ -176,13 +163,11 @@ def write_tables(scores: pd.DataFrame, noise: pd.DataFrame, prefix: str) -> None
         if column == "operator":
             return operator_label(row["operator"])
         if column == "epsilon":
-            return _epsilon_text(row["epsilon"])
+            return epsilon_text(row["epsilon"])
         if column in DIFFERENCE_HEADERS:
-            if column not in row or pd.isna(row[column]):
-                return "–"
-            return signed_cell(row[column], row[f"{column}_low"], row[f"{column}_high"]).replace("-", "−")
+            return interval_cell(row.get(column), row.get(f"{column}_low"), row.get(f"{column}_high"), signed=True)
         name = column.removesuffix("_mean")
-        return _cell(row.get(column), row.get(f"{name}_low"), row.get(f"{name}_high"))
+        return interval_cell(row.get(column), row.get(f"{name}_low"), row.get(f"{name}_high"))
 
     headers = {"backbone": "Backbone", "operator": "Operator", "epsilon": "ε"}
     headers.update({f"{arm}_mean": label for arm, label in ARM_LABELS.items() if f"{arm}_mean" in scores})
@@ -200,12 +185,12 @@ def write_tables(scores: pd.DataFrame, noise: pd.DataFrame, prefix: str) -> None
         if column == "method":
             return _label(row["method"])
         if column == "epsilon":
-            return _epsilon_text(row["epsilon"])
+            return epsilon_text(row["epsilon"])
         if column == "noise_level":
             return f"{row['noise_level']:.3g}"
         if column in ("matrices_kept", "energy_kept", "vector_factor"):
             low, high = (float(np.clip(100 * row[f"{column}_{end}"], 0, 100)) for end in ("low", "high"))
-            return _cell(100 * row[column], low, high, 0 if column == "matrices_kept" else 2)
+            return interval_cell(100 * row[column], low, high, 0 if column == "matrices_kept" else 2)
         return str(int(row[column]))
 
     write_small_table(
@@ -243,7 +228,7 @@ def plot_denoise_study(scores: pd.DataFrame, out: list[str]) -> None:
                 ax.plot(x, mean, linestyle=line, marker=marker, color=colour, label=ARM_LABELS[arm])
                 if np.isfinite(low).any():
                     ax.fill_between(x, low, high, color=colour, alpha=0.12, linewidth=0)
-            ax.set_xticks(x, labels=[_epsilon_text(e) for e in rows["epsilon"]])
+            ax.set_xticks(x, labels=[epsilon_text(e) for e in rows["epsilon"]])
             ax.set_xlabel("privacy budget ε")
             ax.set_ylabel("merged score, mean over tasks")
             ax.set_title(f"{backbone}: {operator_label(operator)}")

@@ -3,14 +3,34 @@ Markdown for the README and report, booktabs LaTeX for a paper, from the same ro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dpmerge.artifacts import atomic_write
+from dpmerge.report.tables import signed_cell
 
 _TEX_ESCAPES = {"%": r"\%", "_": r"\_", "−": "$-$", "×": r"$\times$", "ε": r"$\varepsilon$"}
+
+
+def interval_cell(mean: float, low: float, high: float, digits: int = 1, signed: bool = False) -> str:
+    """'56.0 [53.5, 58.5]' ('–' for no value, no interval below two seeds); a signed difference as the paper tables
+    write it (tables.signed_cell). Minus signs typeset as '−'."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    if signed:
+        return signed_cell(mean, low, high).replace("-", "−")
+    text = f"{mean:.{digits}f}"
+    if not (isinstance(low, float) and math.isnan(low)):
+        text += f" [{low:.{digits}f}, {high:.{digits}f}]"
+    return text.replace("-", "−")
+
+
+def epsilon_text(epsilon: float) -> str:
+    return "∞" if not np.isfinite(epsilon) else f"{epsilon:g}"
 
 
 def tex_escape(text: str) -> str:
