@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dpmerge.metrics import score
+from dpmerge.metrics import chance_level, score
 from dpmerge.models import losses
 from dpmerge.models.base import Backbone, TaskModel
 
@@ -38,5 +38,7 @@ def evaluate_head(
         "loss": float(losses.task_loss(logits, labels).item()),
         "score": score(metric, losses.predictions(logits).numpy(), labels.numpy()),
         "metric": metric,
+        # what the score must beat: read by the signal check and by Table 1's normalized column
+        "chance": chance_level(metric, labels.numpy()),
         "num_examples": int(labels.shape[0]),
     }
