@@ -26,6 +26,9 @@ NORMALIZED = "Avg. normalized (%)"  # Table 1's merged / individual column
 COLUMNS = ["a", "b", "Avg."]
 
 
+CHANCE = {"a": 20.0, "b": 50.0}  # each task's chance level, as every score row records it
+
+
 def scores():
     rows = []
     for method, base in (("nonprivate", 90.0), ("naive_dp", 60.0), ("dp_merging", 58.0)):
@@ -39,7 +42,8 @@ def scores():
                 for seed, jitter in ((0, -1.0), (1, 1.0)):  # mean over seeds
                     rows.append(dict(model=op, method=method, source_task="merged", task=task,
                                      score=base + offset - drop + bonus + jitter, seed=seed))
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    return frame.assign(chance=frame["task"].map(CHANCE))
 
 
 def test_table1_rows_values_and_improvement():
@@ -76,8 +80,8 @@ def test_markdown_and_latex_carry_the_numbers():
     assert "| improvement (TIES) | +3.0 [+3.0, +3.0]* | +3.0 [+3.0, +3.0]* | +3.0 [+3.0, +3.0]* |" in markdown
     latex = to_latex(table, "cap_tion & more", "tab:x")
     assert r"\toprule" in latex and r"\bottomrule" in latex and r"cap\_tion \& more" in latex
-    assert r"DP + TIES & 45.0 $\pm$ 1.4 & 55.0 $\pm$ 1.4 & 50.0 $\pm$ 1.4 & 76.8 $\pm$ 2.2 & -- \\" in latex
-    assert (r"DP-Merging + TIES & 48.0 $\pm$ 1.4 & 58.0 $\pm$ 1.4 & 53.0 $\pm$ 1.4 & 84.0 $\pm$ 2.3 & "
+    assert r"DP + TIES & 45.0 $\pm$ 1.4 & 55.0 $\pm$ 1.4 & 50.0 $\pm$ 1.4 & 43.8 $\pm$ 5.3 & -- \\" in latex
+    assert (r"DP-Merging + TIES & 48.0 $\pm$ 1.4 & 58.0 $\pm$ 1.4 & 53.0 $\pm$ 1.4 & 59.1 $\pm$ 5.8 & "
             r"\textit{+3.0 [+3.0, +3.0]*} \\") in latex
     assert r"\textit{+3.0 [+3.0, +3.0]*}" in latex
     assert r"DP Individual & 60.0 & 70.0 & 65.0 & -- & -- \\" in latex
@@ -90,8 +94,8 @@ def test_one_seed_prints_means_only_and_signs_differences():
     markdown = to_markdown(table)
     assert "| DP + TIES | 44.0 | 54.0 | 49.0 |" in markdown
     assert "| improvement (TIES) | +3.0 | +3.0 | +3.0 |" in markdown
-    assert r"\textit{+3.0} & \textit{+3.0} & \textit{+3.0} & \textit{+7.2} & -- \\" in to_latex(table)
-    assert "| DP-Merging + TIES | 47.0 | 57.0 | 52.0 | 82.4 | +3.0 |" in markdown
+    assert r"\textit{+3.0} & \textit{+3.0} & \textit{+3.0} & \textit{+15.0} & -- \\" in to_latex(table)
+    assert "| DP-Merging + TIES | 47.0 | 57.0 | 52.0 | 55.0 | +3.0 |" in markdown
 
 
 def test_missing_columns_are_named():
@@ -376,26 +380,40 @@ def test_improvements_carry_their_paired_95_percent_t_interval():
     assert "| improvement (TIES) | +4.0 | +4.0 |" in one_seed and "t-interval" not in one_seed
 
 
-def test_merged_rows_carry_the_normalized_average():
-    """100 x merged / individual of the same method per task, averaged over tasks, per seed: DP + TIES gives
-    100 (44/60 + 54/70) / 2 = 75.24 and 100 (46/60 + 56/70) / 2 = 78.33 for seeds 0 and 1 (the fixture's
-    individual models have one unseeded run)."""
+def test_merged_rows_carry_the_normalized_average_measured_from_chance():
+    """Per task 100 x (merged - chance) / (individual - chance), the individual models' mean over seeds, averaged
+    over tasks, per seed. DP + TIES (chance 20 and 50; individual 60 and 70) gives 100 (24/40 + 4/20) / 2 = 40.0
+    and 100 (26/40 + 6/20) / 2 = 47.5 for seeds 0 and 1."""
     table = table1(scores())
-    assert table.mean.loc["DP + TIES", NORMALIZED] == pytest.approx(76.7857, abs=1e-4)
-    assert table.std.loc["DP + TIES", NORMALIZED] == pytest.approx(2.18866, abs=1e-4)
-    assert table.mean.loc["DP-Merging + TIES", NORMALIZED] == pytest.approx(84.0264, abs=1e-4)
-    # the improvement row pairs the normalized averages per seed too: 7.191 and 7.290
-    assert table.mean.loc["  improvement (TIES)", NORMALIZED] == pytest.approx(7.24065, abs=1e-4)
+    assert table.mean.loc["DP + TIES", NORMALIZED] == pytest.approx(43.75)
+    assert table.std.loc["DP + TIES", NORMALIZED] == pytest.approx(7.5 / SQRT2)
+    # DP-Merging + TIES (individual 58 and 68): 100 (27/38 + 7/18) / 2 and 100 (29/38 + 9/18) / 2
+    ours = [100 * (27 / 38 + 7 / 18) / 2, 100 * (29 / 38 + 9 / 18) / 2]
+    assert table.mean.loc["DP-Merging + TIES", NORMALIZED] == pytest.approx(np.mean(ours))
+    # the improvement row pairs the normalized averages per seed too
+    assert table.mean.loc["  improvement (TIES)", NORMALIZED] == pytest.approx(np.mean(ours) - 43.75)
     assert table.mean.loc[["DP Individual", "DP-Merging Individual"], NORMALIZED].isna().all()
+    assert any("(merged − chance) / (individual − chance)" in note for note in table.notes)
 
 
-def test_normalized_average_is_blank_where_an_individual_model_scored_zero():
-    """A collapsed individual model (score 0 on a task) leaves merged / individual undefined for that seed:
-    blank, never infinite and never an average over the remaining tasks."""
-    frame = scores()
-    individual = ((frame["model"] == "individual") & (frame["method"] == "naive_dp")
-                  & (frame["task"] == frame["task"].iloc[0]))
-    frame.loc[individual, "score"] = 0.0
-    table = table1(frame)
-    assert np.isnan(table.mean.loc["DP + TIES", NORMALIZED])
-    assert np.isfinite(table.mean.loc["DP-Merging + TIES", NORMALIZED])  # other methods keep theirs
+def test_normalized_average_is_blank_with_its_reason_where_an_individual_model_is_near_chance():
+    """An individual model at (or just above) chance would make the ratio explode or flip: the method's merges
+    get a blank, never a huge or negative number and never an average over the remaining tasks, and the table
+    says why, naming the task."""
+    for near_chance in (50.0, 52.0):  # task b's chance is 50; 52 is 4 % of the way to 100
+        frame = scores()
+        individual = ((frame["model"] == "individual") & (frame["method"] == "naive_dp") & (frame["task"] == "b"))
+        frame.loc[individual, "score"] = near_chance
+        table = table1(frame)
+        assert np.isnan(table.mean.loc["DP + TIES", NORMALIZED])
+        assert np.isfinite(table.mean.loc["DP-Merging + TIES", NORMALIZED])  # other methods keep theirs
+        assert any(note.startswith(f"{NORMALIZED} is blank for DP's merges") and "b (chance 50.0" in note
+                   for note in table.notes)
+        assert "is blank for DP's merges" in to_markdown(table)
+
+
+def test_normalized_average_is_blank_without_chance_levels():
+    table = table1(scores().drop(columns="chance"))
+    assert table.mean[NORMALIZED].isna().all()
+    assert table.notes == (f"{NORMALIZED} is blank: the score files carry no chance level (scored before dpmerge "
+                           "recorded one).",)

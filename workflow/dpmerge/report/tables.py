@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,8 @@ class PaperTable:
     high: pd.DataFrame | None = None
     # Long frame (row, column, seed, value): every per-seed value behind the means, kept in the Parquet file.
     per_seed: pd.DataFrame | None = None
+    # Sentences printed under the table (e.g. why a column is blank)
+    notes: tuple[str, ...] = ()
 
     def renamed(self, columns: dict) -> "PaperTable":
         """The same table with columns renamed (e.g. 'task' -> 'task (metric)')."""
@@ -69,7 +71,7 @@ class PaperTable:
         per_seed = None if self.per_seed is None else self.per_seed.assign(
             column=self.per_seed["column"].map(lambda c: columns.get(c, c)))
         return PaperTable(rename(self.mean), rename(self.std), self.seeds, self.stub, rename(self.low),
-                          rename(self.high), per_seed)
+                          rename(self.high), per_seed, self.notes)
 
 
 def _summarise(per_seed: dict[str, pd.DataFrame], columns: list[str], stub: str = "Method") -> PaperTable:
@@ -183,13 +185,22 @@ def table1(scores: pd.DataFrame, baseline: str = BASELINE, proposed: str = PROPO
     scores = _with_seed(_own_tasks(scores))
     tasks = list(dict.fromkeys(scores["task"]))
     groups = {key: rows for key, rows in scores.groupby(["model", "method"], sort=False)}
+    chance = _chance_levels(scores, tasks)
+    notes: dict[str, str] = {}
 
     def per_seed(model: str, method: str) -> pd.DataFrame | None:
         return _per_seed_tasks(groups[(model, method)], tasks) if (model, method) in groups else None
 
     def merged(operator: str, method: str) -> pd.DataFrame | None:
         rows = per_seed(operator, method)
-        return None if rows is None else _with_normalized(rows, per_seed("individual", method), tasks)
+        if rows is None:
+            return None
+        normalized, why = _with_normalized(rows, per_seed("individual", method), tasks, chance)
+        if why and chance is None:
+            notes.setdefault("", f"{NORMALIZED} is blank: {why}.")
+        elif why:
+            notes.setdefault(method, f"{NORMALIZED} is blank for {label_of(METHOD_LABELS, method)}'s merges: {why}.")
+        return normalized
 
     rows: dict[str, pd.DataFrame] = {}
     # w0 with a DP head per task (CLIP: zero-shot heads): what a merge must beat to be worth doing
@@ -213,23 +224,57 @@ def table1(scores: pd.DataFrame, baseline: str = BASELINE, proposed: str = PROPO
             if (r := merged(operator, ablation)) is not None:
                 rows[f"{label_of(METHOD_LABELS, ablation)} + {op}"] = _with_average_gain(r, base)
     table = _summarise(rows, tasks + [AVERAGE, NORMALIZED, AVERAGE_GAIN])
+    if chance is not None and (table.mean[NORMALIZED].notna().any() or notes):
+        notes = {"definition": NORMALIZED_NOTE, **notes}
+    table = replace(table, notes=tuple(notes.values()))
     return _with_metric_headers(table, scores) if metric_in_header else table
 
 
-def _with_normalized(merged: pd.DataFrame, individual: pd.DataFrame | None, tasks: list[str]) -> pd.DataFrame:
-    """The merging literature's normalized accuracy: per seed, the mean over tasks of 100 x the merged model's
-    score / the same method's individual model's score on that task (the individual model of the same seed; one
-    unseeded individual run serves every seed). Blank where the individual run is missing, and for a seed whose
-    individual model scored 0 on some task: a ratio to 0 is undefined (0/0) or infinite, and averaging over the
-    other tasks alone would quietly change what the column means."""
+# How far above chance an individual model must lie (by its interval's lower end, or its score with one seed),
+# as a share of the way from chance to 100, before a merge is normalized by it: a ratio to a gap near 0 is noise
+NORMALIZED_MIN_SHARE = 0.1
+NORMALIZED_NOTE = (f"{NORMALIZED}: per task 100 × (merged − chance) / (individual − chance), chance being the "
+                   "task's chance level under its metric and individual the same method's individual models' mean "
+                   "over seeds, averaged over the tasks.")
+
+
+def _chance_levels(scores: pd.DataFrame, tasks: list[str]) -> pd.Series | None:
+    """Each task's chance level (metrics.chance_level, recorded in every score row); None when the score files
+    predate it or disagree."""
+    if "chance" not in scores.columns:
+        return None
+    levels = scores.dropna(subset=["chance"]).groupby("task")["chance"].agg(["min", "max"])
+    if levels.empty or not (levels["max"] - levels["min"] < 1e-9).all():
+        return None
+    return levels["min"].reindex(tasks)
+
+
+def _with_normalized(merged: pd.DataFrame, individual: pd.DataFrame | None, tasks: list[str],
+                     chance: pd.Series | None) -> tuple[pd.DataFrame, str | None]:
+    """The merging literature's normalized score, measured from chance: per seed, the mean over tasks of
+    100 x (merged - chance) / (individual - chance), where individual is the same method's individual models'
+    mean over seeds (one number per task, so one unlucky seed does not blow a ratio up). Blank, with the reason
+    returned, where the individual run is missing, where the score files carry no chance level, and where some
+    task's individual models do not lie clearly above chance (NORMALIZED_MIN_SHARE): averaging over the other
+    tasks alone would quietly change what the column means."""
     if individual is None:
-        return merged
-    reference = individual[tasks]
-    if len(reference) == 1 and not set(merged.index) & set(reference.index):
-        reference = pd.DataFrame([reference.iloc[0]] * len(merged), index=merged.index)
-    reference = reference.reindex(merged.index)
-    ratio = 100.0 * merged[tasks] / reference.where(reference != 0)
-    return merged.assign(**{NORMALIZED: ratio.mean(axis=1, skipna=False)})
+        return merged, None
+    if chance is None or chance.isna().any():
+        return merged, "the score files carry no chance level (scored before dpmerge recorded one)"
+    low = pd.Series({task: _lower_end(individual[task]) for task in tasks})
+    floor = chance + NORMALIZED_MIN_SHARE * (100.0 - chance)
+    if unclear := [task for task in tasks if not low[task] >= floor[task]]:
+        reasons = ", ".join(f"{task} (chance {chance[task]:.1f}, individual {low[task]:.1f})" for task in unclear)
+        return merged, (f"individual models not {NORMALIZED_MIN_SHARE:.0%} of the way from chance to 100 by their "
+                        f"interval's lower end on {reasons}")
+    gap = individual[tasks].mean() - chance
+    ratio = 100.0 * (merged[tasks] - chance) / gap
+    return merged.assign(**{NORMALIZED: ratio.mean(axis=1, skipna=False)}), None
+
+
+def _lower_end(values: pd.Series) -> float:
+    mean, low, _ = t_interval(values.to_numpy())
+    return mean if math.isnan(low) else low
 
 
 def _with_average_gain(rows: pd.DataFrame, baseline: pd.DataFrame | None) -> pd.DataFrame:
@@ -455,6 +500,7 @@ def to_markdown(table: PaperTable | pd.DataFrame, caption: str = "") -> str:
         lines.append("| " + " | ".join([label] + ["" if c is None else c for c in cells]) + " |")
     if _has_intervals(table):
         lines += ["", INTERVAL_NOTE]
+    lines += [note for text in table.notes for note in ("", text)]
     return "\n".join(lines) + "\n"
 
 
@@ -486,8 +532,8 @@ def to_latex(table: PaperTable | pd.DataFrame, caption: str = "", label: str = "
             texts.append(rf"\textit{{{text}}}" if cell is not None and _signed(name, column) else text)
         lines.append(" & ".join([_latex_escape(name)] + texts) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    if _has_intervals(table):
-        lines.append(rf"\par\smallskip{{\footnotesize {_latex_escape(INTERVAL_NOTE)}}}")
+    for text in ([INTERVAL_NOTE] if _has_intervals(table) else []) + list(table.notes):
+        lines.append(rf"\par\smallskip{{\footnotesize {_latex_escape(text)}}}")
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
 
@@ -520,7 +566,8 @@ def to_html(table: PaperTable | pd.DataFrame, caption: str = "") -> str:
     for label, cells in _cells(table, " ± "):
         tds = "".join(f"<td>{'' if c is None else html.escape(c)}</td>" for c in cells)
         body.append(f"<tr><th>{html.escape(label)}</th>{tds}</tr>")
-    note = f"<p>{html.escape(INTERVAL_NOTE)}</p>" if _has_intervals(table) else ""
+    note = "".join(f"<p>{html.escape(text)}</p>"
+                   for text in ([INTERVAL_NOTE] if _has_intervals(table) else []) + list(table.notes))
     style = ("body{font-family:sans-serif}table{border-collapse:collapse}th,td{padding:2px 8px}"
              "td{text-align:right}thead th{border-bottom:1px solid #000}caption{text-align:left;padding:4px}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><style>{style}</style></head><body><table>"
