@@ -560,8 +560,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--description", help="reStructuredText appended to the report's front page")
     p.add_argument("--audit-table", default=None,
                    help="the audits' table .parquet ('dpmerge audit-report'), summed up in one line (default: none)")
+    p.add_argument("--signal-check", default=None,
+                   help="the signal check's .parquet ('dpmerge signal-check'), shown on the page (default: none)")
+    p.add_argument("--figure", nargs="*", default=[],
+                   help="where the forest plot of every cell goes, .png and/or .pdf (default: none drawn)")
     p.add_argument("--out-markdown", required=True, help="answer .md")
     p.add_argument("--out-rst", required=True, help="answer .rst (the report's front page)")
+
+    p = add("signal-check", "report.signal_check", "Does each task's individual model beat chance? Every task's "
+            "individual models (own task, per method and budget) against the task's chance level under its metric, "
+            "with 95 % t-intervals over seeds, flagging tasks without signal (PREFIX.parquet, .md, .tex).")
+    p.add_argument("--scores", nargs="+", required=True, help="individual score files ('dpmerge evaluate')")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.parquet, .md and .tex")
+    p.add_argument("--nonprivate-share", type=float, default=0.6,
+                   help="share of the way from chance to 100 a non-private model's interval must reach by its "
+                        "lower end (default: %(default)s)")
+    p.add_argument("--private-share", type=float, default=0.3,
+                   help="the same for a private model (default: %(default)s)")
 
     p = add("select-budget", "report.select_budget", "The training-budget protocol's choice: per backbone kind, "
                                                      "the candidate whose private "

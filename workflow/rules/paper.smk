@@ -313,6 +313,38 @@ rule figure_landscape:
         "dpmerge plot-landscape {input} --title {params.title:q} -o {output} > {log} 2>&1"
 
 
+# Each task's individual models against its chance level, before any merged result is read (on every
+# configuration; the answer page shows it).
+rule signal_check:
+    input:
+        signal_check_scores(),
+    output:
+        parquet=f"{SIGNAL_CHECK}.parquet",
+        markdown=report(
+            f"{SIGNAL_CHECK}.md",
+            caption="../report/signal_check.rst",
+            category="Tables",
+            subcategory="Signal check",
+            labels={"table": "signal check"},
+        ),
+        latex=f"{SIGNAL_CHECK}.tex",
+    params:
+        nonprivate=config["tables"]["signal_check"]["nonprivate_share"],
+        private=config["tables"]["signal_check"]["private_share"],
+        prefix=output_prefix,
+    log:
+        result("logs/signal_check.log"),
+    conda:
+        DPMERGE_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime="5m",
+    shell:
+        "dpmerge signal-check --scores {input} --nonprivate-share {params.nonprivate} "
+        "--private-share {params.private} --out-prefix {params.prefix} > {log} 2>&1"
+
+
 # The page the report opens on: DP-Merging - DP per backbone and operator with intervals, the ablation, the
 # ledger's verdict (the Snakefile makes it the report's front page once it exists).
 rule answer:
@@ -320,9 +352,18 @@ rule answer:
         tables=list(answer_tables().values()),
         ledger=LEDGER_CHECK,
         audits=answer_audit_table(),
+        signal=f"{SIGNAL_CHECK}.parquet",
     output:
         markdown=ANSWER,
         rst=ANSWER_RST,
+        png=report(
+            f"{FIGURE_ANSWER}.png",
+            caption="../report/figure_answer.rst",
+            category="Figures",
+            subcategory="The answer at a glance",
+            labels={"figure": "DP-Merging - DP per cell"},
+        ),
+        pdf=f"{FIGURE_ANSWER}.pdf",
     params:
         tables=" ".join(shlex.quote(f"{s}={p}") for s, p in answer_tables().items()),
         audits=" ".join(f"--audit-table {path}" for path in answer_audit_table()),
@@ -338,8 +379,8 @@ rule answer:
         runtime="5m",
     shell:
         "dpmerge answer --table1 {params.tables} --ledger {input.ledger} --link {params.links} "
-        "--description {params.description:q} {params.audits} --out-markdown {output.markdown} "
-        "--out-rst {output.rst} > {log} 2>&1"
+        "--description {params.description:q} {params.audits} --signal-check {input.signal} "
+        "--figure {output.png} {output.pdf} --out-markdown {output.markdown} --out-rst {output.rst} > {log} 2>&1"
 
 
 # The training-budget protocol's choice (presets/protocol.yaml): one candidate per configured backbone.

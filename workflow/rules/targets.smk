@@ -99,6 +99,11 @@ def answer_tables():
     }
 
 
+def signal_check_scores():
+    """Every individual score file of the main grid: each method's individual models at every budget."""
+    return [SCORES_INDIVIDUAL.format(**g) for g in release_grid()]
+
+
 def protocol_tables():
     """Candidate (configured backbone) -> its Table 1 Parquet at the protocol's budget."""
     return {b: f"{TABLE1.format(backbone=b, eps=PRIVATE_EPS[0])}.parquet" for b in config["backbones"]}
@@ -121,7 +126,8 @@ def protocol_candidates():
 def answer_links():
     tables = [f"{prefix}.html" for prefix in PLANNED_TABLES]
     audits = [f"{AUDIT_TABLE}.md" for _ in answer_audit_table()]  # workflow/rules/audit_common.smk
-    return tables + [f"{prefix}.png" for prefix in all_figures()] + [LEDGER_REPORT] + audits
+    figures = [f"{prefix}.png" for prefix in all_figures()]
+    return tables + [f"{SIGNAL_CHECK}.md"] + figures + [LEDGER_REPORT] + audits
 
 
 for _table, _reason in SKIPPED_TABLES:
@@ -162,6 +168,7 @@ def all_figures():
 
 def all_targets():
     targets = [LEDGER_REPORT, TABLES_INDEX]
+    targets += [f"{SIGNAL_CHECK}{ext}" for ext in (".parquet", ".md", ".tex")] if release_grid() else []
     targets += [PROTOCOL_CHOICE] if PROTOCOL else []
     targets += [ANSWER, ANSWER_RST] if OPERATOR_NAMES else []
     for g in all_groups():

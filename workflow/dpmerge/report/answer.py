@@ -7,13 +7,17 @@ uses it as the report's front page once it exists).
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
 
 from dpmerge.artifacts import atomic_write
 from dpmerge.methods import ABLATIONS, METHODS, PRIVATE_MERGED_METHODS
+from dpmerge.report import forest
+from dpmerge.report import signal_check as signal
 from dpmerge.report.labels import AVERAGE, AVERAGE_GAIN, METHOD_LABELS
 from dpmerge.report.tables import INTERVAL_NOTE, PRETRAINED_ROW, signed_cell
 
@@ -187,15 +191,60 @@ def audit_line(summary: pd.DataFrame) -> str:
     return "; ".join(parts) + ". A lower bound says what the audit could refute, not what the run leaks at most."
 
 
+def _signal_section(signal_path: str | None) -> tuple[list[str], list[str], str | None]:
+    """The signal check's table as Markdown and RST lines, and its one-sentence summary."""
+    if not signal_path:
+        return [], [], None
+    frame = pd.read_parquet(signal_path)
+    wide = signal.wide_table(frame)
+    names, rows = list(wide.columns), wide.astype(str).values.tolist()
+    title = "Signal check: does each task's individual model beat chance?"
+    note = signal.note(frame)
+    markdown = [f"## {title}", "", *_markdown_table(rows, names), "", note, ""]
+    rst = [title, "-" * len(title), "", *_rst_table(rows, names), "", note, ""]
+    return markdown, rst, signal.summary_line(frame)
+
+
+FOREST_CAPTION = ("Every cell's DP-Merging − DP (filled circles) and DP-Merging's margin over the Pretrained row "
+                  "(open squares), paired by seed, with 95 % t-intervals; right of the dashed line is better for "
+                  "DP-Merging.")
+
+
+def _figure_section(frames: dict[str, pd.DataFrame], figure: list[str], markdown_path: str) -> tuple[list, list]:
+    """Draws the forest plot into `figure` (.png and/or .pdf); the Markdown page links the PNG, the report's
+    front page embeds it (the report is one self-contained file)."""
+    if not figure:
+        return [], []
+    rows = forest.forest_rows(frames, operators_in)
+    forest.plot_forest(rows, figure)  # drawn also when empty (it says so): the rule promises the file
+    if rows.empty:
+        return [], []
+    png = next((path for path in figure if str(path).endswith(".png")), None)
+    if png is None:
+        return [], []
+    relative = os.path.relpath(png, os.path.dirname(os.path.abspath(markdown_path)) or ".")
+    encoded = base64.b64encode(Path(png).read_bytes()).decode()
+    markdown = [f"![DP-Merging − DP and DP-Merging − Pretrained per cell]({relative})", "", FOREST_CAPTION, ""]
+    rst = [".. raw:: html", "", f'   <img alt="forest plot of every cell" style="max-width:100%" '
+           f'src="data:image/png;base64,{encoded}">', "", FOREST_CAPTION, ""]
+    return markdown, rst
+
+
 def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: str, links: list[str],
-                 description: str | None = None, audit_table: str | None = None) -> None:
+                 description: str | None = None, audit_table: str | None = None, signal_check: str | None = None,
+                 figure: list[str] | None = None) -> None:
     """`tables` maps a setting's label (e.g. 'effnet, ε = 4') to its Table 1 Parquet file; `ledger` is the
-    ledger's check file (JSON); `audit_table` the audits' table (Parquet), when the study audits."""
+    ledger's check file (JSON); `audit_table` the audits' table (Parquet), when the study audits; `signal_check`
+    the signal check's Parquet file (report/signal_check.py); `figure` where the forest plot goes."""
     frames = {setting: pd.read_parquet(path) for setting, path in tables.items()}
     compared = compared_methods(frames)
     rows, summary, seeds = answer_rows(frames, compared)
     names = header(compared)
     verdict = ledger_verdict(ledger)
+    signal_markdown, signal_rst, signal_line = _signal_section(signal_check)
+    if signal_line:
+        summary.insert(0, signal_line)
+    figure_markdown, figure_rst = _figure_section(frames, figure or [], out_markdown)
     counts = ", ".join(str(n) for n in sorted(seeds)) or "?"
     title = "Does DP-Merging merge better than naive DP?"
     intro = (f"Average test score (0-100) of the merged model over the tasks; {counts} seed(s) per cell. "
@@ -206,14 +255,14 @@ def write_answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_
                    f"held above an accountant-free lower bound): {verdict}.")
     audits = [audit_line(pd.read_parquet(audit_table)), ""] if audit_table else []
     markdown = [f"# {title}", "", intro, "", *_markdown_table(rows, names), "", *[f"- {s}" for s in summary], "",
-                ledger_line, "", *audits, "Files: " + ", ".join(f"`{link}`" for link in links), ""]
+                *figure_markdown, ledger_line, "", *audits, *signal_markdown,
+                "Files: " + ", ".join(f"`{link}`" for link in links), ""]
     rst = [title, "=" * len(title), "", *_rst_style(), intro, "", *_rst_table(rows, names), "",
-           *[f"- {s}" for s in summary], "", f"**{ledger_line}**", "", *audits,
+           *[f"- {s}" for s in summary], "", *figure_rst, f"**{ledger_line}**", "", *audits,
            "Every table with every task is under **Tables**, the ledger under **Privacy**, and the "
            "diagnostics' figures, where the study ran them (not the demo), under **Figures**. Files: "
-           + ", ".join(f"``{link}``" for link in links), ""]
+           + ", ".join(f"``{link}``" for link in links), "", *signal_rst]
     if description:
         rst += ["About this workflow", "-------------------", "", Path(description).read_text()]
     atomic_write(out_markdown, lambda path: Path(path).write_text("\n".join(markdown)))
     atomic_write(out_rst, lambda path: Path(path).write_text("\n".join(rst)))
-

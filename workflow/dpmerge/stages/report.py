@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dpmerge.report import ace_study, figures
+from dpmerge.report import signal_check as signal
 from dpmerge.report import tables as paper_tables
 from dpmerge.report.answer import write_answer
 from dpmerge.report.protocol import write_choice
@@ -65,12 +66,24 @@ def plot_landscape(*, landscapes: list[str], out: list[str], title: str = "") ->
 
 
 def answer(*, tables: dict[str, str], ledger: str, out_markdown: str, out_rst: str, links: list[str],
-           description: str | None = None, audit_table: str | None = None) -> None:
+           description: str | None = None, audit_table: str | None = None, signal_check: str | None = None,
+           figure: list[str] | None = None) -> None:
     # the page names its files relative to the results folder, never by this machine's absolute paths
     links = recorded_paths(links, [out_markdown, out_rst]) if links else []
     write_answer(tables=tables, ledger=ledger, out_markdown=out_markdown, out_rst=out_rst, links=links,
-                 description=description, audit_table=audit_table)
+                 description=description, audit_table=audit_table, signal_check=signal_check, figure=figure)
     log(f"[answer] wrote {out_markdown} and {out_rst}")
+
+
+def signal_check(*, scores: list[str], out_prefix: str, nonprivate_share: float = signal.NONPRIVATE_SHARE,
+                 private_share: float = signal.PRIVATE_SHARE) -> None:
+    for name, share in (("--nonprivate-share", nonprivate_share), ("--private-share", private_share)):
+        if not 0 <= share <= 1:
+            raise ValueError(f"{name} must lie in [0, 1] (a share of the way from chance to 100), got {share}")
+    frame = signal.signal_rows(_read_all(scores), nonprivate_share=nonprivate_share, private_share=private_share)
+    for path in signal.write_signal_check(frame, out_prefix):
+        log(f"[signal-check] wrote {path}")
+    log(f"[signal-check] {signal.summary_line(frame)}")
 
 
 def select_budget(*, candidates: dict, tables: dict[str, str], seeds: int, out_markdown: str,

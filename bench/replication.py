@@ -1,0 +1,96 @@
+"""Does the answer depend on the study key? The demo's answer cells (DP-Merging - DP per backbone and operator,
+paired 95 % t-intervals) from several results folders, each run with its own study key, side by side, and how
+often one key's mean lies outside another key's interval.
+
+    .venv/bin/python bench/replication.py results_key1 results_key2 results_key3 [--markdown out.md]
+
+What chance gives: if every key's releases are independent draws of the same experiment with normal per-seed
+differences, key B's mean falls outside key A's 95 % interval with the probability printed below (simulated for
+the seed count the folders have; it exceeds 5 % because B's mean is itself noisy: 12 % at five seeds, 17 % with
+many). A rate far above it says the interval understates the spread between keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+
+from dpmerge.report.answer import operators_in  # noqa: E402
+from dpmerge.report.labels import AVERAGE_GAIN, METHOD_LABELS  # noqa: E402
+from dpmerge.report.small_table import interval_cell  # noqa: E402
+
+
+def answer_cells(results: Path) -> pd.DataFrame:
+    """Every Table 1 of the folder: per (table, operator) DP-Merging - DP's mean, interval and seed count."""
+    rows = []
+    tables = sorted((results / "tables").glob("table1_*.parquet"))
+    if not tables:
+        raise SystemExit(f"{results}: no tables/table1_*.parquet (run make demo there first)")
+    for path in tables:
+        table = pd.read_parquet(path)
+        for operator in operators_in(table):
+            found = table[table["row"] == f"{METHOD_LABELS['dp_merging']} + {operator}"].iloc[0]
+            rows.append({"table": path.stem.removeprefix("table1_"), "operator": operator,
+                         "mean": found[AVERAGE_GAIN], "low": found[f"{AVERAGE_GAIN} ci95 low"],
+                         "high": found[f"{AVERAGE_GAIN} ci95 high"], "seeds": int(found["seeds"])})
+    return pd.DataFrame(rows)
+
+
+def chance_rate(seeds: int, draws: int = 200_000, seed: int = 0) -> float:
+    """P(mean of one key outside another key's 95 % t-interval) for independent normal samples of `seeds`."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((draws, seeds)), rng.standard_normal((draws, seeds))
+    from scipy.stats import t
+
+    half = t.ppf(0.975, seeds - 1) * a.std(axis=1, ddof=1) / np.sqrt(seeds)
+    return float((np.abs(b.mean(axis=1) - a.mean(axis=1)) > half).mean())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("results", nargs="+", type=Path, help="results folders, each from its own study key")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    args = parser.parse_args(argv)
+    cells = {str(folder): answer_cells(folder).set_index(["table", "operator"]) for folder in args.results}
+    keys = list(cells)
+    index = cells[keys[0]].index
+    lines = ["| setting | operator | " + " | ".join(f"key {i + 1}" for i in range(len(keys))) + " |",
+             "|---|---|" + "---:|" * len(keys)]
+    outside = pairs = 0
+    for cell in index:
+        texts = []
+        for key in keys:
+            row = cells[key].loc[cell]
+            texts.append(interval_cell(row["mean"], row["low"], row["high"], signed=True))
+        lines.append(f"| {cell[0]} | {cell[1]} | " + " | ".join(texts) + " |")
+        for a, b in itertools.permutations(keys, 2):
+            ra, rb = cells[a].loc[cell], cells[b].loc[cell]
+            pairs += 1
+            outside += not (ra["low"] <= rb["mean"] <= ra["high"])
+    seeds = int(cells[keys[0]]["seeds"].min())
+    half = pd.concat([(c["high"] - c["low"]) / 2 for c in cells.values()])
+    spread = pd.concat([c["mean"] for c in cells.values()], axis=1)
+    summary = [
+        "",
+        f"{outside} of {pairs} (cell, ordered key pair) comparisons have one key's mean outside the other key's 95 % "
+        f"interval ({100 * outside / pairs:.0f} %); independent replications at {seeds} seeds give "
+        f"{100 * chance_rate(seeds):.0f} % by chance.",
+        f"Half-widths: largest {half.max():.1f}, median {half.median():.1f} points; the largest spread of one cell's "
+        f"means between keys {(spread.max(axis=1) - spread.min(axis=1)).max():.1f} points.",
+    ]
+    text = "\n".join(lines + summary) + "\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
