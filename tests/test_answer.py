@@ -113,3 +113,24 @@ def test_dpsats_and_the_ablations_columns_join_the_page_only_where_their_runs_ar
     assert "| DPSAT + anchor − DP (one query) | Non-private + operator |" in page
     assert "| toy | TIES |  | 50.0 | +5.0 [+2.5, +7.5]* | +2.0 [-0.5, +4.5] |  |" in page
     assert "DPSAT − DP (one query)" not in page  # dp_sat itself did not run
+
+
+def test_the_front_page_embeds_the_forest_plot_and_docutils_renders_it_without_complaint(tmp_path):
+    """The report's front page is reStructuredText: an over-long line (a base64 image on one line) or a broken
+    table makes docutils print a system message in place of the page, which no assertion on the text would see."""
+    from docutils.core import publish_string
+
+    frame = scores({"naive_dp": {"ties": [0, 1, 0]}, "dp_merging": {"ties": [4, 5, 6]},
+                    "pretrained_head": {"individual": [-10, -9, -10]}})
+    write_table(table1(frame), tmp_path / "t1", "caption")
+    ledger = tmp_path / "ledger_check.json"
+    ledger.write_text('{"verdict": "PASS", "problems": []}')
+    figure = [str(tmp_path / "figures" / "forest.png"), str(tmp_path / "figures" / "forest.pdf")]
+    (tmp_path / "figures").mkdir()
+    write_answer(tables={"toy, ε = 4": str(tmp_path / "t1.parquet")}, ledger=str(ledger), figure=figure,
+                 out_markdown=str(tmp_path / "a.md"), out_rst=str(tmp_path / "a.rst"), links=["t1.html"])
+    assert "](figures/forest.png)" in (tmp_path / "a.md").read_text()
+    rst = (tmp_path / "a.rst").read_text()
+    assert "data:image/png;base64," in rst and max(map(len, rst.splitlines())) < 10_000
+    html = publish_string(rst, writer="html", settings_overrides={"report_level": 2}).decode()
+    assert "System Message" not in html and "<img alt=\"forest plot of every cell\"" in html

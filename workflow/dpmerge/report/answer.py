@@ -223,10 +223,12 @@ def _figure_section(frames: dict[str, pd.DataFrame], figure: list[str], markdown
     if png is None:
         return [], []
     relative = os.path.relpath(png, os.path.dirname(os.path.abspath(markdown_path)) or ".")
-    encoded = base64.b64encode(Path(png).read_bytes()).decode()
+    # docutils refuses a line over 10,000 characters (the page then shows an error instead), so the image's
+    # base64 runs over many lines: a browser drops the line breaks from a URL and the spaces from base64
+    encoded = base64.encodebytes(Path(png).read_bytes()).decode().split()
     markdown = [f"![DP-Merging − DP and DP-Merging − Pretrained per cell]({relative})", "", FOREST_CAPTION, ""]
-    rst = [".. raw:: html", "", f'   <img alt="forest plot of every cell" style="max-width:100%" '
-           f'src="data:image/png;base64,{encoded}">', "", FOREST_CAPTION, ""]
+    rst = [".. raw:: html", "", '   <img alt="forest plot of every cell" style="max-width:100%" '
+           'src="data:image/png;base64,', *[f"   {line}" for line in encoded], '   ">', "", FOREST_CAPTION, ""]
     return markdown, rst
 
 

@@ -85,7 +85,7 @@ def plot_forest(rows: pd.DataFrame, out) -> None:
     ax.axvline(0, color="0.3", linewidth=0.8, linestyle="--")
     ax.set_yticks(range(len(cells)), [f"{setting} · {operator}" for setting, operator in cells])
     ax.invert_yaxis()
-    ax.set_xlabel("paired difference in the merged model's average test score (points, 95 % t-interval)")
+    ax.set_xlabel("paired difference in the merged model's average score (points)")
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     fig.tight_layout()
     _save_all(fig, out)

@@ -137,7 +137,7 @@ def wide_table(signal: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(row) -> str:
-    share = "–" if math.isnan(row.share_of_headroom) else f"{row.share_of_headroom:.2f}"
+    share = "–" if math.isnan(row.share_of_headroom) else f"{row.share_of_headroom:.2f}".replace("-", "−")
     return f"{interval_cell(row.mean, row.ci95_low, row.ci95_high)} · {share}"
 
 
