@@ -265,6 +265,23 @@ def test_finetune_is_deterministic_given_the_key_and_identity(toy_backbone, toy_
         assert torch.equal(first.task_vector[key], second.task_vector[key])
 
 
+def test_head_lr_moves_only_the_head_faster_and_leaves_unset_runs_as_they_were(toy_backbone, toy_data):
+    """finetune.head_lr gives the head its own AdamW rate (here 10 x lr: the head moves further); a run without
+    it keeps the identity, and so the randomness, it had before the setting existed, and a run with it is another
+    mechanism with randomness of its own."""
+    from dpmerge.training.finetune import finetune_identity
+
+    features, labels = toy_data
+    base = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=0.5, batch_size=8, lr=1e-2, seed=1)
+    plain = finetune(toy_backbone, 3, features, labels, base, **keyed(), log=lambda _: None)
+    assert "head_lr" not in finetune_identity(base, {}, "sha")["settings"]
+    assert finetune_identity(replace(base, head_lr=0.1), {}, "sha")["settings"]["head_lr"] == 0.1
+    fast = finetune(toy_backbone, 3, features, labels, replace(base, head_lr=0.1), **keyed(), log=lambda _: None)
+    assert any(not torch.equal(fast.head[k], plain.head[k]) for k in plain.head)
+    assert sum(float(v.abs().sum()) for v in fast.head.values()) > sum(float(v.abs().sum())
+                                                                      for v in plain.head.values())
+
+
 def test_unknown_method_lists_the_known_ones():
     with pytest.raises(ValueError, match="known methods: nonprivate, naive_dp, dp_sam, dp_anchor, dp_merging"):
         FinetuneConfig(method="dpsgd", target_epsilon=1.0)
@@ -412,6 +429,7 @@ def test_nonprivate_reference_records_infinite_epsilon(toy_backbone, toy_data):
         ({"betas": [0.9, 1.0]}, r"finetune.betas must be two numbers in \[0, 1\)"),
         ({"betas": [0.9]}, "finetune.betas"),
         ({"method": "dp_sharp"}, "unknown method 'dp_sharp'; known methods: nonprivate"),
+        ({"head_lr": 0.0}, "finetune.head_lr must be positive, got 0.0"),
     ],
 )
 def test_bad_hyperparameters_fail_before_training(overrides, message):

@@ -71,3 +71,33 @@ def test_equal_costs_go_to_the_higher_pooled_score_and_one_method_shows_no_tie()
     frame = choose(candidates, tables).set_index("candidate")
     assert list(frame["tied"]) == [True, True, False]
     assert list(frame["chosen"]) == [False, True, False]
+
+
+def signal(cells):
+    """The signal check's frame: per candidate, (method, meets its threshold) for one task each."""
+    return pd.DataFrame([{"backbone": candidate, "task": f"t{index}", "method": method, "meets_threshold": met}
+                         for candidate, rows in cells.items() for index, (method, met) in enumerate(rows)])
+
+
+def test_the_signal_criterion_chooses_the_cheapest_candidate_whose_every_task_learns():
+    """The criterion outranks the score rule: 'cheap' ties with the best but one task of its DP-Merging models
+    stays near chance; 'learns' costs more and scores lower but every cell meets the threshold."""
+    settings = {"kind": "k", "trainable_blocks": 1}
+    candidates = {"best": {**settings, "epochs": 3.0}, "cheap": {**settings, "epochs": 1.0},
+                  "learns": {**settings, "epochs": 2.0, "head_lr": 0.01}}
+    tables = {"best": table(naive_dp=50, dp_merging=50), "cheap": table(naive_dp=50, dp_merging=49),
+              "learns": table(naive_dp=40, dp_merging=40)}
+    cells = {"best": [("naive_dp", True), ("dp_merging", True), ("nonprivate", False)],
+             "cheap": [("naive_dp", True), ("dp_merging", False)],
+             "learns": [("naive_dp", True), ("dp_merging", True)]}
+    frame = choose(candidates, tables, signal(cells)).set_index("candidate")
+    # the non-private row is no private cell: 'best' meets 2 of 2
+    assert list(frame["signal cells met"]) == ["2/2", "1/2", "2/2"]
+    assert list(frame["chosen"]) == [False, False, True] and frame.loc["learns", "head_lr"] == 0.01
+    # where no candidate carries signal, the score rule chooses, and the page says so
+    none = {name: [("naive_dp", False)] for name in candidates}
+    frame = choose(candidates, tables, signal(none)).set_index("candidate")
+    assert list(frame["chosen"]) == [False, True, False]
+    from dpmerge.report.protocol import to_markdown
+
+    assert "For k no candidate met it" in to_markdown(frame.reset_index(), 1)

@@ -587,6 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='JSON {candidate: {"kind": ..., "trainable_blocks": ..., "lr": ..., "epochs": ..., '
                         '"batch_size": ...}}')
     p.add_argument("--seeds", type=int, default=1, help="seeds behind each score (default: %(default)s)")
+    p.add_argument("--signal-check", default=None,
+                   help="the signal check's .parquet on the validation split: applies the signal criterion")
     p.add_argument("--out-markdown", required=True, help="the choice and every candidate's scores, .md")
     p.add_argument("--out-parquet", required=True, help="the same as .parquet")
     return parser

@@ -386,7 +386,8 @@ rule answer:
 # The training-budget protocol's choice (presets/protocol.yaml): one candidate per configured backbone.
 rule select_budget:
     input:
-        list(protocol_tables().values()),
+        tables=list(protocol_tables().values()),
+        signal=f"{SIGNAL_CHECK}.parquet",
     output:
         markdown=PROTOCOL_CHOICE,
         parquet=f"{PROTOCOL_CHOICE.removesuffix('.md')}.parquet",
@@ -404,4 +405,4 @@ rule select_budget:
         runtime="5m",
     shell:
         "dpmerge select-budget --table1 {params.tables} --candidates {params.candidates:q} --seeds {params.seeds} "
-        "--out-markdown {output.markdown} --out-parquet {output.parquet} > {log} 2>&1"
+        "--signal-check {input.signal} --out-markdown {output.markdown} --out-parquet {output.parquet} > {log} 2>&1"

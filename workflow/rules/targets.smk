@@ -118,7 +118,7 @@ def protocol_candidates():
         candidates[b] = {
             "kind": entry["kind"],
             "trainable_blocks": entry.get("trainable_blocks"),
-            **{k: settings.get(k) for k in ("lr", "epochs", "batch_size")},
+            **{k: settings.get(k) for k in ("lr", "head_lr", "epochs", "batch_size")},
         }
     return candidates
 

@@ -10,6 +10,13 @@ from the best is at most their standard error (sample standard deviation / sqrt(
 candidate, single methods move by several points between neighbouring settings, so a smaller gap is noise, not
 evidence. Among the tied candidates the cheapest wins (training cost: epochs x trainable blocks, the trained
 part's passes over the data; "all" blocks costs most), and equal costs go to the higher pooled score.
+
+The signal criterion, fixed before the candidates run: a merged score on a task whose individual models learned
+nothing measures noise, so where the signal check's validation scores are given (report/signal_check.py), a
+candidate "carries signal" when every private method's individual model on every task reaches the private share
+of the way from chance to 100 (the check's threshold, 0.3 by default). Where some candidate of a kind carries
+signal, the choice is made among those alone: the cheapest, equal costs to the higher pooled score. Where none
+does, the rule above chooses, and the table says that no candidate met the criterion.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from dpmerge.methods import PRIVATE_MERGED_METHODS
 from dpmerge.report.labels import AVERAGE, METHOD_LABELS
 
 PRIVATE_METHODS = PRIVATE_MERGED_METHODS  # the candidates are judged on the methods that are merged later
-SETTINGS = ("trainable_blocks", "lr", "epochs", "batch_size")
+SETTINGS = ("trainable_blocks", "lr", "head_lr", "epochs", "batch_size")
+SIGNAL = "signal cells met"
 
 
 def individual_averages(table: pd.DataFrame) -> dict[str, float]:
@@ -57,10 +65,19 @@ def gap_to_best(best: dict[str, float], other: dict[str, float]) -> tuple[float,
     return mean, math.sqrt(variance / len(differences))
 
 
-def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def signal_cells(signal: pd.DataFrame, candidate: str) -> tuple[int, int]:
+    """(met, all) of the candidate's (task, private method) cells in the signal check: met where the validation
+    score reaches its threshold share of the way from chance to 100."""
+    rows = signal[(signal["backbone"] == candidate) & signal["method"].isin(PRIVATE_METHODS)]
+    return int(rows["meets_threshold"].sum()), len(rows)
+
+
+def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame],
+           signal: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per candidate: its kind and settings, each private method's validation average, their mean
     ('pooled'), its gap to its kind's best with the gap's standard error, whether it ties with the best, its
-    training cost, and whether it is its kind's choice (the cheapest tied candidate; see the module's rule)."""
+    training cost, with `signal` (the signal check's frame) how many of its (task, private method) cells meet the
+    signal criterion, and whether it is its kind's choice (see the module's rule)."""
     rows, averages_of = [], {}
     for name, settings in candidates.items():
         averages = individual_averages(tables[name])
@@ -71,6 +88,10 @@ def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame]) -> pd.D
                      **{f"{METHOD_LABELS[m]} (validation)": v for m, v in averages.items()},
                      "pooled": sum(averages.values()) / len(averages), "cost": training_cost(settings)})
     frame = pd.DataFrame(rows)
+    if signal is not None:
+        counts = [signal_cells(signal, name) for name in frame["candidate"]]
+        frame[SIGNAL] = [f"{met}/{total}" for met, total in counts]
+        frame["carries signal"] = [total > 0 and met == total for met, total in counts]
     frame["gap to best"] = math.nan
     frame["gap SE"] = math.nan
     frame["tied"] = False
@@ -82,8 +103,10 @@ def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame]) -> pd.D
             gap, error = gap_to_best(best_averages, averages_of[frame.at[index, "candidate"]])
             frame.loc[index, ["gap to best", "gap SE"]] = [gap, error] if index != best else [0.0, 0.0]
             frame.at[index, "tied"] = bool(index == best or gap <= error)  # False where NaN
-        tied = frame.loc[group.index][frame.loc[group.index, "tied"]]
-        cheapest = tied.sort_values(["cost", "pooled"], ascending=[True, False], kind="stable").index[0]
+        pool = frame.loc[group.index][frame.loc[group.index, "tied"]]
+        if signal is not None and frame.loc[group.index, "carries signal"].any():
+            pool = frame.loc[group.index][frame.loc[group.index, "carries signal"]]
+        cheapest = pool.sort_values(["cost", "pooled"], ascending=[True, False], kind="stable").index[0]
         frame.at[cheapest, "chosen"] = True
     return frame
 
@@ -97,6 +120,11 @@ def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
              "mean over the private methods ('pooled'); a candidate ties with it when its mean per-method gap to the "
              "best is at most the gap's standard error; the cheapest tied candidate (epochs x trainable blocks; "
              "equal costs: the higher pooled) is chosen. No test example and no merged model was read.", "",
+             *(["Signal criterion (fixed before the candidates ran): where some candidate of a kind has every "
+                "private method's individual model on every task at least its threshold share of the way from "
+                "chance to 100 on the validation split ('signal cells met', from the signal check), the cheapest "
+                "such candidate is chosen instead (equal costs: the higher pooled)."
+                + _unmet(frame), ""] if SIGNAL in frame else []),
              "| " + " | ".join(list(shown.columns) + ["chosen"]) + " |",
              "|" + "|".join(["---"] * (len(shown.columns) + 1)) + "|"]
     for (_, row), chosen in zip(shown.iterrows(), frame["chosen"]):
@@ -106,10 +134,16 @@ def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_choice(*, candidates: dict[str, dict], tables: dict[str, str], out_markdown: str, out_parquet: str,
-                 seeds: int) -> pd.DataFrame:
+def _unmet(frame: pd.DataFrame) -> str:
+    kinds = [kind for kind, group in frame.groupby("kind", sort=False) if not group["carries signal"].any()]
+    return f" For {', '.join(kinds)} no candidate met it, so the rule above chose." if kinds else ""
 
-    frame = choose(candidates, {name: pd.read_parquet(path) for name, path in tables.items()})
+
+def write_choice(*, candidates: dict[str, dict], tables: dict[str, str], out_markdown: str, out_parquet: str,
+                 seeds: int, signal_check: str | None = None) -> pd.DataFrame:
+
+    signal = None if signal_check is None else pd.read_parquet(signal_check)
+    frame = choose(candidates, {name: pd.read_parquet(path) for name, path in tables.items()}, signal)
     atomic_write(out_parquet, lambda path: frame.to_parquet(path, index=False))
     text = to_markdown(frame, seeds)
     atomic_write(out_markdown, lambda path: Path(path).write_text(text))

@@ -265,8 +265,8 @@ def _with_normalized(merged: pd.DataFrame, individual: pd.DataFrame | None, task
     floor = chance + NORMALIZED_MIN_SHARE * (100.0 - chance)
     if unclear := [task for task in tasks if not low[task] >= floor[task]]:
         reasons = ", ".join(f"{task} (chance {chance[task]:.1f}, individual {low[task]:.1f})" for task in unclear)
-        return merged, (f"individual models not {NORMALIZED_MIN_SHARE:.0%} of the way from chance to 100 by their "
-                        f"interval's lower end on {reasons}")
+        return merged, (f"individual models not {100 * NORMALIZED_MIN_SHARE:g} % of the way from chance to 100 by "
+                        f"their interval's lower end on {reasons}")
     gap = individual[tasks].mean() - chance
     ratio = 100.0 * (merged[tasks] - chance) / gap
     return merged.assign(**{NORMALIZED: ratio.mean(axis=1, skipna=False)}), None

@@ -87,11 +87,11 @@ def signal_check(*, scores: list[str], out_prefix: str, nonprivate_share: float 
 
 
 def select_budget(*, candidates: dict, tables: dict[str, str], seeds: int, out_markdown: str,
-                  out_parquet: str) -> None:
+                  out_parquet: str, signal_check: str | None = None) -> None:
     if missing := sorted(set(tables) - set(candidates)):
         raise ValueError(f"--table1 names candidates that --candidates does not describe: {missing}")
     frame = write_choice(candidates=candidates, tables=tables, out_markdown=out_markdown, out_parquet=out_parquet,
-                         seeds=seeds)
+                         seeds=seeds, signal_check=signal_check)
     for _, row in frame[frame["chosen"]].iterrows():
         log(f"[select-budget] {row['kind']}: {row['candidate']} (pooled validation average {row['pooled']:.1f})")
 

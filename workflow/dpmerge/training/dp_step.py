@@ -192,13 +192,15 @@ STEPS = {
 }
 
 
-def adamw(params: list[torch.Tensor], *, lr: float, weight_decay: float = 1e-2,
+def adamw(params: list, *, lr: float, weight_decay: float = 1e-2,
           betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
     """The optimizer of Eq. (7) and of every method. torch's fused kernel where it has one for the parameters'
     device (CPU, CUDA): one pass over each parameter instead of about ten multi-tensor passes, 4-5 x faster on the
     CPU, which is a tenth of a non-private step on an embedded top at batch 16 (bench/dp_step.py). Same algorithm;
     the updates differ from the multi-tensor kernel's only in float rounding."""
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    # `params`: tensors, or param groups (dicts with their own lr, e.g. finetune.head_lr's)
+    tensors = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in tensors)
     # None, not False, elsewhere: fused=False would also switch off torch's multi-tensor default
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
 

@@ -54,6 +54,9 @@ class FinetuneConfig:
     batch_size: int = 16  # expected Poisson batch size B; q = B / N
     clip_norm: float = 0.2  # C (paper: 0.2)
     lr: float = 1e-5  # paper: 1e-5 (CLIP/RoBERTa, full fine-tuning)
+    # The fresh head's own learning rate (None: lr): a head starts at zero and needs many more steps at the top's
+    # lr than a short private run has. Post-processing of the privatized gradient, so no privacy cost.
+    head_lr: float | None = None
     weight_decay: float = 1e-2
     betas: tuple[float, float] = (0.9, 0.999)
     rho: float = 0.05  # SAM radius (paper: 0.05)
@@ -94,10 +97,23 @@ class FinetuneConfig:
                 f"finetune.per_sample_gradients must be 'auto' or one of {', '.join(STRATEGIES)}, "
                 f"got {self.per_sample_gradients!r}"
             )
-        for field_name in ("batch_size", "epochs", "clip_norm", "lr"):
+        for field_name in ("batch_size", "epochs", "clip_norm", "lr", "head_lr"):
             value = getattr(self, field_name)
+            if field_name == "head_lr" and value is None:
+                continue
             if not value > 0:
                 raise ValueError(f"finetune.{field_name} must be positive, got {value!r}")
+
+
+def parameter_groups(model: TaskModel, params: list[torch.Tensor], config: FinetuneConfig) -> list:
+    """The trained parameters as AdamW sees them: one group at lr, or, with head_lr set, the head's parameters in
+    a group of their own at head_lr."""
+    if config.head_lr is None:
+        return params
+    head = {id(p) for p in model.head.parameters()}
+    groups = [{"params": [p for p in params if id(p) not in head], "lr": config.lr},
+              {"params": [p for p in params if id(p) in head], "lr": config.head_lr}]
+    return [group for group in groups if group["params"]]
 
 
 @dataclass
@@ -135,7 +151,10 @@ def finetune_identity(config: FinetuneConfig, identity: dict, pretrained_sha256:
     gradient strategy that runs and every setting (target epsilon, seed index, sweep values, lr, ...). Two
     fine-tunes that differ in any of them draw independent randomness under one study key: two runs on different
     data of one size must not share batches and noise, or the difference of their releases cancels the noise."""
-    settings = {k: v for k, v in asdict(config).items() if k != "log_every"}  # logging is not the mechanism
+    # logging is not the mechanism; an unset head_lr is left out so that every run from before the setting
+    # existed keeps its identity, and with it its randomness
+    settings = {k: v for k, v in asdict(config).items()
+                if k != "log_every" and not (k == "head_lr" and v is None)}
     if per_sample_gradients is not None:
         settings["per_sample_gradients"] = per_sample_gradients
     data = {} if data_sha256 is None else {"data_sha256": data_sha256, "num_examples": num_examples}
@@ -312,7 +331,8 @@ def finetune(
     steps = plan.steps if params else 0
     per_sample = make_clipper(model, strategy, backbone.autocast) if method.private and params else None
     anchors = anchors_of(names, backbone, pretrained)
-    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas) if params else None
+    optimizer = adamw(parameter_groups(model, params, config), lr=config.lr, weight_decay=config.weight_decay,
+                      betas=config.betas) if params else None
     canaries = None if audit is None else audit.gradient_canaries(
         released_shapes={name: value.shape for name, value in pretrained.items()}, clip_norm=config.clip_norm,
         sample_rate=plan.sample_rate, randomness=randomness, to_internal=backbone.internal_state,
