@@ -101,6 +101,19 @@ def test_thresholds_are_the_callers(tmp_path):
     assert "non-private 0.99" in markdown and "private 0.1" in markdown
 
 
+def test_the_thresholds_default_alike_in_the_schema_the_command_and_the_module():
+    import yaml
+
+    from dpmerge.cli_arguments import build_parser
+    from workflow_runs import ROOT
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    fields = schema["properties"]["tables"]["properties"]["signal_check"]["properties"]
+    args = build_parser().parse_args(["signal-check", "--scores", "s.parquet", "--out-prefix", "x"])
+    assert fields["nonprivate_share"]["default"] == args.nonprivate_share == signal.NONPRIVATE_SHARE
+    assert fields["private_share"]["default"] == args.private_share == signal.PRIVATE_SHARE
+
+
 def test_one_seed_reads_the_point_estimate_and_says_so():
     one = scores().query("seed == 0")
     frame = signal.signal_rows(one)

@@ -6,7 +6,7 @@ budget of the main grid) are set against the task's chance level under its metri
 the test split's labels, carried in every score row as `chance`). Per (backbone, task, method, budget): the mean
 over seeds with its 95 % t-interval, and how far of the way from chance to a perfect score its lower end lies,
 (low - chance) / (100 - chance). A private method whose interval does not lie above chance flags the task as
-carrying no signal; one below its threshold (configured, `signal_check:`) as weak. With one seed there is no
+carrying no signal; one below its threshold (config `tables.signal_check`) as weak. With one seed there is no
 interval, and the point estimate stands in for the lower end (the table says so).
 """
 
@@ -169,7 +169,7 @@ def silent_tasks(signal: pd.DataFrame) -> list[str]:
 def summary_line(signal: pd.DataFrame) -> str:
     """One sentence for the answer page naming the tasks that carry no signal or are weak."""
     verdicts = task_verdicts(signal)
-    silent = [f"{r.backbone}/{r.task}" for r in verdicts.itertuples() if r.verdict == NO_SIGNAL]
+    silent = silent_tasks(signal)
     weak = [f"{r.backbone}/{r.task}" for r in verdicts.itertuples() if r.verdict == WEAK]
     if not silent and not weak:
         return (f"Signal check: all {len(verdicts)} tasks' individual models beat chance by their interval and "
