@@ -128,10 +128,17 @@ def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
              "| " + " | ".join(list(shown.columns) + ["chosen"]) + " |",
              "|" + "|".join(["---"] * (len(shown.columns) + 1)) + "|"]
     for (_, row), chosen in zip(shown.iterrows(), frame["chosen"]):
-        cells = [("yes" if v else "") if c == "tied" else f"{v:.1f}" if isinstance(v, float) and c != "lr" else str(v)
-                 for c, v in row.items()]
+        cells = [_cell(c, v) for c, v in row.items()]
         lines.append("| " + " | ".join(cells + ["**yes**" if chosen else ""]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(column: str, value) -> str:
+    if column in ("tied", "carries signal"):
+        return "yes" if value else ""
+    if column in ("lr", "head_lr"):  # rates as given; an unset head rate is the top's
+        return "= lr" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:g}"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 def _unmet(frame: pd.DataFrame) -> str:

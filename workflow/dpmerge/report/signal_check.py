@@ -146,7 +146,7 @@ def note(signal: pd.DataFrame) -> str:
     thresholds = signal.groupby("private")["threshold"].first()
     parts = [
         "Each task's individual models (own task) against the task's chance level under its metric (the best "
-        "score of a predictor that ignores its input, from the test split's labels): mean over seeds [95 % "
+        "score of a predictor that ignores its input, on the labels the models are scored on): mean over seeds [95 % "
         "t-interval] · the interval's lower end as a share of the way from chance to 100.",
         "no signal: a private method's interval does not lie above chance;",
         (f"weak: a method's share is below its threshold ({_thresholds(thresholds)}).")]
