@@ -31,8 +31,13 @@ def _build_digits() -> FullSplit:
     digits = load_digits()
     images = (digits.images / 16.0).astype(np.float32)[..., None]
     labels = digits.target.astype(np.int64)
-    perm = split_rng("digits").permutation(len(labels))
-    n_test = int(round(0.2 * len(labels)))
+    return _digit_split("digits", images, labels, n_test=int(round(0.2 * len(labels))))
+
+
+def _digit_split(name: str, images: np.ndarray, labels: np.ndarray, n_test: int) -> FullSplit:
+    """Images of the digits 0-9 ([n, h, w, 1] in [0, 1]) split by the task's own fixed permutation: the first
+    n_test are the test split."""
+    perm = split_rng(name).permutation(len(labels))
     test, train = perm[:n_test], perm[n_test:]
     return FullSplit(
         class_names=tuple(str(d) for d in range(10)),
@@ -157,17 +162,7 @@ def _build_mnist5k() -> FullSplit:
 
     pixels, labels = mnist_data()
     images = (np.asarray(pixels, dtype=np.float32) / 255.0).reshape(-1, 28, 28, 1)
-    labels = np.asarray(labels, dtype=np.int64)
-    perm = split_rng("mnist5k").permutation(len(labels))
-    test, train = perm[:1000], perm[1000:]
-    return FullSplit(
-        class_names=tuple(str(d) for d in range(10)),
-        train_raw=images[train],
-        train_labels=labels[train],
-        test_raw=images[test],
-        test_labels=labels[test],
-        render=_render_images,
-    )
+    return _digit_split("mnist5k", images, np.asarray(labels, dtype=np.int64), n_test=1000)
 
 
 def _clean_text(text: str) -> str:
