@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo study full noise mixing protocol ace denoise test install dry-run standin clean
+.PHONY: demo study full noise mixing protocol ace denoise test test-fast install dry-run standin clean
 
 install: $(VENV)/.installed
 
@@ -68,6 +68,13 @@ dry-run: install
 test: install
 	# -rs: a skipped test says why (e.g. the real-Slurm test where apt-get is unavailable); the 15 slowest listed
 	$(BIN)/python -m pytest -q -rs --durations=15 tests
+
+# The inner loop (about a minute): the DP step against brute force, accounting and neighbours, the method specs, the
+# merge operators against their reference code, the tables, answer page and signal check; no workflow runs.
+FAST_TESTS := test_dp test_rdp test_neighbouring test_persample test_methods test_merge_operators \
+	test_merge_conventions test_tables test_answer test_signal_check test_safetensors_files test_protocol
+test-fast: install
+	$(BIN)/python -m pytest -q $(addprefix tests/,$(addsuffix .py,$(FAST_TESTS))) -k "not random_labels"
 
 clean:
 	rm -rf results results_study results_full results_noise results_mixing results_protocol results_ace results_denoise results_standin standins .snakemake
