@@ -71,7 +71,7 @@ test: install
 
 # The inner loop (about a minute): the DP step against brute force, accounting and neighbours, the method specs, the
 # merge operators against their reference code, the tables, answer page and signal check; no workflow runs.
-FAST_TESTS := test_dp test_rdp test_neighbouring test_persample test_methods test_merge_operators \
+FAST_TESTS := test_dp test_score_group test_rdp test_neighbouring test_persample test_methods test_merge_operators \
 	test_merge_conventions test_tables test_answer test_signal_check test_safetensors_files test_protocol
 test-fast: install
 	$(BIN)/python -m pytest -q $(addprefix tests/,$(addsuffix .py,$(FAST_TESTS))) -k "not random_labels"

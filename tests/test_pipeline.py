@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from snakemake.exceptions import WorkflowError
 
 from conftest import TEST_STUDY_KEY
 from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors
@@ -318,11 +317,12 @@ def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished
     config.write_text(yaml.safe_dump(changed))
     result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
     assert result.returncode == 0, result.stderr[-2000:]
-    # 2 backbones x 2 methods of TIES merges (each scored in its job), and the tables; no fine-tuning
-    # TIES runs in the main grid (2 backbones x 2 methods) and in effnet's epsilon-8 and rho-0.2 groups; Tables 4,
-    # 6 and 8 read TIES too
+    # TIES runs in the main grid's group jobs (2 backbones x 2 methods; each rewrites its individual scores too,
+    # hence the signal check) and in its own jobs in effnet's epsilon-8 (2 methods) and rho-0.2 groups; Tables
+    # 4, 6 and 8 read TIES too; no fine-tuning, and no diagnostic (they read weight averaging, never in a group job)
     assert planned_jobs(result.stdout + result.stderr) == {
-        "merge": 7, "table1": 2, "table4": 1, "table6": 1, "table8": 2, "answer": 1, "all": 1}
+        "merge_group": 4, "merge": 3, "table1": 2, "table4": 1, "table6": 1, "table8": 2, "signal_check": 1,
+        "answer": 1, "all": 1}
 
 
 def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(finished_run):
@@ -350,10 +350,11 @@ def _dry_run_with(finished_run, name, change):
 
 def test_added_epsilon_adds_only_its_fine_tunes_and_what_depends_on_them(finished_run):
     counts, jobs = _dry_run_with(finished_run, "add_epsilon.yaml", lambda c: c.update(epsilons=[4, 2]))
-    # 2 backbones x 2 methods at the new budget: 2 tasks each; 5 merges, 2 statistics (RegMean, Fisher) and every
-    # diagnostic per group; that budget's Tables 1 and 8 and figures; the cross-budget Table 4, Fig. 3, gap plot;
-    # the signal check, which reads every individual score
-    assert counts == {"finetune": 8, "merge": 20, "merge_statistics": 8, "evaluate_individual": 4,
+    # 2 backbones x 2 methods at the new budget: 2 tasks each; per group one job scoring its models with TIES and
+    # DTS, 3 merges of their own (RegMean and Fisher read statistics, the diagnostics weight averaging), 2
+    # statistics and every diagnostic; that budget's Tables 1 and 8 and figures; the cross-budget Table 4, Fig. 3,
+    # gap plot; the signal check, which reads every individual score
+    assert counts == {"finetune": 8, "merge_group": 4, "merge": 12, "merge_statistics": 8,
                       "drift": 4, "interpolation": 4, "curvature": 4, "linearity": 4, "landscape": 4, "table1": 2,
                       "table8": 2, "figure_interpolation": 2, "figure_landscape": 2, "table4": 1,
                       "figure_sharpness_drift": 2, "figure_gap_bound": 2, "privacy_ledger": 1, "tables_index": 1,
@@ -367,7 +368,9 @@ def test_added_task_adds_only_its_fine_tunes_and_what_depends_on_them(finished_r
     # effnet's release groups: 2 methods at epsilon 4, 2 at the swept epsilon 8, DP-Merging at rho 0.2
     assert counts["prepare"] == 1 and counts["finetune"] == 5
     assert all(w["task"] == "photos" for rule, w in jobs if rule in ("prepare", "finetune"))
-    assert counts["merge"] == 2 * 5 + 2 * 2 + 1  # every merge of each effnet group, which now has one more task
+    # every merge of each effnet group, which now has one more task: its main groups' jobs (each with TIES and
+    # DTS) and their 3 other merges; TIES and weight averaging at epsilon 8; TIES at rho 0.2
+    assert counts["merge_group"] == 2 and counts["merge"] == 2 * 3 + 2 * 2 + 1
     assert all(w["backbone"] == "effnet" for _, w in jobs)  # MiniLM's results stand
     assert "pretrained" not in counts
 
@@ -392,116 +395,6 @@ def test_edited_table_command_reruns_only_tables(finished_run, tmp_path):
     assert planned_jobs(result.stdout + result.stderr) == {"table1": 2, "answer": 1, "all": 1}
 
 
-@pytest.mark.parametrize(
-    "change,message",
-    [
-        (lambda c: c.update(epsilons=[-1]), "epsilons"),
-        (lambda c: c["backbones"]["effnet"].update(tasks=["digits", "cifar"]),
-         "unknown task 'cifar'; known tasks: bbc_next_sentence"),
-        (lambda c: c["merge"].update(fishr={}), "merge.fishr: no operator named 'fishr'; give `operator:` one of"),
-        (lambda c: c["merge"].update(ties={"densty": 0.2}),
-         "merge.ties: unknown hyperparameter(s) ['densty'] for operator 'ties'; allowed: density"),
-        (lambda c: c["merge"].update(ties_dv={"operator": "ties", "vectors": "deltas"}), "deltas"),
-        (lambda c: c["merge"].update(Bad={}), "Bad"),
-        (lambda c: c["merge"].update(regmean={}), "merge.regmean: regmean needs data statistics; add statistics:"),
-        (lambda c: c["data"].update(public_examples=16),
-         "data.public_examples is gone: examples held out of a private training split are private"),
-        (lambda c: c["backbones"]["effnet"].update(public_data="textures"),
-         "backbones.effnet.public_data: 'textures' is a private task (of backbone 'effnet')"),
-        (lambda c: c["backbones"]["minilm"].update(public_data="lfw"),
-         "backbones.minilm.public_data: 'lfw' is a vision dataset, but 'minilm_l6' is a text backbone"),
-        (lambda c: c["backbones"]["minilm"].pop("public_data"),
-         "merge.regmean.statistics.data: public needs a dataset declared public for every backbone; "
-         "backbones.minilm.public_data is not set"),
-        (lambda c: c.update(privacy={"rng": "fast"}), "'fast' is not one of ['keyed', 'secure']"),
-        (lambda c: c.update(privacy={"neighbouring": "swap"}), "'swap' is not one of ['replace_one', 'add_remove']"),
-        (lambda c: c["merge"]["fisher"]["statistics"].pop("epsilon"),
-         "merge.fisher.statistics: data: private needs clip_norm and epsilon"),
-        (lambda c: c["merge"]["ties"].update(statistics={"data": "public"}),
-         "merge.ties.statistics: ties uses no data statistics"),
-        (lambda c: c["merge"].update(emr={"vectors": "difference"}),
-         "merge.emr.vectors: emr is defined on task vectors only"),
-        (lambda c: c["diagnostics"]["interpolation"].update(operator="dts_difference"),
-         "'dts_difference' gives one model per task"),
-        (lambda c: c["diagnostics"]["curvature"].update(operator="nope"),
-         "diagnostics.curvature.operator: 'nope' is not among the configured merge operators"),
-        (lambda c: c["diagnostics"]["curvature"].update(gammas=[0.5, 1.0]),
-         "diagnostics.curvature.gammas: the first point must be 0"),
-        (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
-        (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
-        (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),
-         "finetune.by_method.nonprivate: Additional properties are not allowed ('lrr' was unexpected)"),
-        (lambda c: c["backbones"]["effnet"].update(finetune={"lr": -1}), "backbones.effnet.finetune.lr"),
-        (lambda c: c["backbones"]["effnet"].update(finetune={"by_method": {"dp_sam": {"rho": "big"}}}),
-         "backbones.effnet.finetune.by_method.dp_sam.rho"),
-        (lambda c: c.update(tables={"operator": "task_arithmetic"}),
-         "tables.operator: 'task_arithmetic' is not among the configured merges"),
-        (lambda c: c["sweeps"]["epsilon"].update(operators=["dare"]),
-         "sweeps.epsilon.operators: 'dare' is not among the configured merges"),
-        (lambda c: c["sweeps"]["rho"].update(backbones=["vit"]), "sweeps.rho.backbones: unknown backbone 'vit'"),
-        (lambda c: c["sweeps"]["rho"].update(epsilon=2), "sweeps.rho.epsilon: 2 is not one of epsilons [4]"),
-        (lambda c: c["sweeps"]["rho"].update(method="naive_dp"),
-         "sweeps.rho.method: unknown method 'naive_dp'; methods that take rho: dp_sam, dp_merging, dp_sat, "
-         "dp_sat_anchor"),
-        (lambda c: c["sweeps"]["epsilon"].update(methods=["nonprivate"]),
-         "sweeps.epsilon.methods: unknown method 'nonprivate'; private methods that release a task vector: "
-         "naive_dp, dp_sam, dp_anchor, dp_merging, dp_sat, dp_sat_anchor"),
-        (lambda c: c["diagnostics"]["landscape"].update(operator="dts_difference"),
-         "diagnostics.landscape.operator: 'dts_difference' gives one model per task"),
-        # merge hyperparameters' ranges and kinds, as every merge checks them, but before any fine-tune
-        (lambda c: c["merge"]["ties"].update(density=2.0), "merge.ties: ties density must be in [0, 1], got 2.0"),
-        (lambda c: c["merge"]["ties"].update(density="dense"),
-         "merge.ties: merge operator 'ties': hyperparameter 'density' must be a number (default 0.2), got 'dense'"),
-        (lambda c: c["merge"]["dts_difference"].update(rank_fraction=0),
-         "merge.dts_difference: dts rank_fraction must be in (0, 1], got 0"),
-        (lambda c: c["merge"].update(wudi={"iterations": 2.5}), "hyperparameter 'iterations' must be a whole number"),
-    ],
-)
-def test_bad_config_is_refused_naming_the_field(change, message):
-    config = yaml.safe_load(yaml.safe_dump(TINY))
-    change(config)
-    with pytest.raises((ConfigError, WorkflowError)) as refused:
-        check_config(config)
-    assert message in str(refused.value)
-
-
-def test_a_schema_violation_is_one_line_naming_the_field_and_the_closest_key():
-    config = yaml.safe_load(yaml.safe_dump(TINY))
-    config["seedz"] = [0]
-    with pytest.raises(ConfigError) as refused:
-        check_config(config)
-    message = str(refused.value)
-    assert len(message.splitlines()) == 1 and "did you mean 'seeds' instead of 'seedz'?" in message
-    assert "(allowed here: ace_study, audit, backbones, checkpoint_every," in message
-    config = yaml.safe_load(yaml.safe_dump(TINY))
-    config["data"]["max_train"] = "many"
-    with pytest.raises(ConfigError, match=r"data\.max_train: 'many' is not of type"):
-        check_config(config)
-
-
-@pytest.mark.parametrize("change,message", [
-    (lambda c: c.update(epsilons=[-1]), "epsilons.0: -1 is less than or equal to the minimum of 0"),  # the schema
-    (lambda c: c.update(seedz=[0]), "did you mean 'seeds' instead of 'seedz'?"),
-    (lambda c: c["merge"].update(ties={"densty": 0.2}), "merge.ties: unknown hyperparameter(s) ['densty']"),
-    (lambda c: c["merge"]["ties"].update(density=2.0), "merge.ties: ties density must be in [0, 1], got 2.0"),
-])
-def test_bad_config_stops_the_workflow_before_any_job(tmp_path, change, message):
-    config = yaml.safe_load(yaml.safe_dump(TINY))
-    change(config)
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    result = snakemake(tmp_path, "-n")
-    assert result.returncode != 0
-    assert message in result.stdout + result.stderr
-    assert len((result.stdout + result.stderr).splitlines()) < 40  # not the whole schema
-    assert not (tmp_path / "results").exists()
-
-
-def test_the_tiny_config_passes_the_checks_and_gets_the_schema_defaults():
-    config = yaml.safe_load(yaml.safe_dump(TINY))
-    check_config(config)
-    assert config["checkpoint_every"] == 10 and config["finetune"]["clip_norm"] > 0
-
-
 def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_path):
     config = yaml.safe_load(yaml.safe_dump(TINY))
     config.update(methods=["nonprivate", "naive_dp", "dp_merging", "dp_sam", "dp_anchor"], epsilons=[1, 4])
@@ -516,15 +409,22 @@ def test_all_five_methods_fan_out_with_one_nonprivate_reference_per_task(tmp_pat
     tasks = 4
     # nonprivate runs once per task (epsinf); the four private methods once per task and epsilon
     assert jobs["finetune"] == tasks * (1 + 4 * 2)
-    assert jobs["merge"] == 2 * (1 + 4 * 2) * len(config["merge"])  # backbones x release groups x merges
+    groups = 2 * (1 + 4 * 2)  # backbones x release groups
+    # one job per group scores it with the merges that read only the releases (TIES, TIES on differences, DTS);
+    # RegMean and Fisher (statistics) and weight averaging (the diagnostics') run one job per merge
+    assert jobs["merge_group"] == groups and jobs["merge"] == groups * 3
     assert jobs["table1"] == 2 * 2  # per backbone and private epsilon
     assert "taskvectors/effnet/epsinf/nonprivate/s0/digits.safetensors" in listing.stdout
     assert "--method nonprivate  --seed 0" in listing.stdout  # no --epsilon for the non-private reference
     # the study's merges take releases only: --require-privacy-record refuses a vector without its record
-    assert ("dpmerge merge --method ties --vectors difference --name ties_difference --param density=0.3 "
-            "--require-privacy-record --base results/pretrained/minilm.safetensors "
-            "-o results/merged/minilm/eps1/dp_anchor/s0/"
-            "ties_difference.safetensors") in listing.stdout
+    group_job = next(line for line in listing.stdout.splitlines()
+                     if "dpmerge score-group" in line and "minilm/eps1/dp_anchor/s0" in line)
+    assert "--require-privacy-record" in group_job
+    merges = json.loads(group_job.split("--merges '")[1].split("'")[0])
+    assert merges["ties_difference"] == {"method": "ties", "vectors": "difference", "params": {"density": 0.3}}
+    assert "ties_difference=results/merged/minilm/eps1/dp_anchor/s0/ties_difference.safetensors" in group_job
+    regmean = [line for line in listing.stdout.splitlines() if "dpmerge merge --method regmean " in line]
+    assert len(regmean) == groups and all("--require-privacy-record" in line for line in regmean)
     # per-method overrides: global < global by_method < backbone < backbone by_method
     commands = [line for line in listing.stdout.splitlines() if "dpmerge finetune " in line]
 
@@ -559,8 +459,10 @@ def test_sweeps_add_only_the_release_groups_and_merges_their_tables_need(tmp_pat
     # effnet at epsilon 8 (2 methods, TIES + the curvature diagnostic's weight averaging, curvature and
     # linearity) and at rho 0.2 (DP-Merging, TIES only, no curvature)
     assert jobs["finetune"] == 2 * (main_groups + 2 + 1)
-    assert jobs["merge"] == main_groups * merges + 2 * 2 + 1
-    assert jobs["evaluate_individual"] == main_groups and jobs["interpolation"] == main_groups
+    # the main groups' jobs each make TIES and DTS; their other merges (statistics, the diagnostics' weight
+    # averaging) run one job each, as do the sweeps' merges
+    assert jobs["merge_group"] == main_groups and jobs["merge"] == main_groups * (merges - 2) + 2 * 2 + 1
+    assert "evaluate_individual" not in jobs and jobs["interpolation"] == main_groups
     assert jobs["curvature"] == jobs["linearity"] == main_groups + 2
     assert jobs["drift"] == main_groups + 2 + 1
     assert jobs["landscape"] == 2 * 2  # both backbones, both methods, first seed
@@ -599,3 +501,38 @@ def test_denoised_merges_read_the_releases_denoised_and_the_ledger_holds_them_at
     assert len(table) == 2 and set(table["operator"]) == {"ties"} and table["dp_denoised_mean"].notna().all()
     noise = pd.read_parquet(results / "tables/denoised_releases_noise.parquet")
     assert (noise["noise_level"] > 0).all() and set(noise["method"]) == {"naive_dp", "dp_merging"}
+
+
+def test_the_group_job_writes_what_the_per_file_commands_write(finished_run, tmp_path):
+    """The main grid's groups are scored in one job (merge_group); its merged models and scores are those of
+    'dpmerge merge' and 'dpmerge evaluate' run one file at a time on the same releases. The sweeps' groups and
+    the merges that read statistics keep the per-file rules."""
+    from dpmerge.cli import main
+
+    results = finished_run / "results"
+    group = "minilm/eps4/dp_merging/s0"
+    tasks = TINY["backbones"]["minilm"]["tasks"]
+    vectors = [str(results / f"taskvectors/{group}/{t}.safetensors") for t in tasks]
+    heads = [str(results / f"heads/{group}/{t}.safetensors") for t in tasks]
+    data = [str(results / f"data/minilm/{t}.pt") for t in tasks]
+    base = str(results / "pretrained/minilm.safetensors")
+    spec = json.dumps({key: value for key, value in TINY["backbones"]["minilm"].items()
+                       if key in ("kind", "trainable_blocks", "max_length")})
+    common = ["--backbone-spec", spec, "--base", base, "--heads", *heads, "--data", *data]
+    main(["merge", "--method", "ties", "--param", "density=0.2", "--require-privacy-record", "--base", base,
+          "-o", str(tmp_path / "ties.safetensors"), *vectors])
+    main(["evaluate", *common, "--merged", str(tmp_path / "ties.safetensors"), "-o", str(tmp_path / "ties.parquet")])
+    main(["evaluate", *common, "--task-vectors", *vectors, "-o", str(tmp_path / "individual.parquet")])
+
+    ours, _ = load_tensors(tmp_path / "ties.safetensors")
+    theirs, _ = load_tensors(results / f"merged/{group}/ties.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    columns = ["model", "source_task", "task", "score", "loss"]
+    for mine, job in (("ties.parquet", f"scores/merged/{group}/ties.parquet"),
+                      ("individual.parquet", f"scores/individual/{group}.parquet")):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / mine)[columns],
+                                      pd.read_parquet(results / job)[columns])
+    logs = results / "logs"
+    assert (logs / f"merge_group/{group}.log").exists() and not (logs / f"merge/{group}/ties.log").exists()
+    assert (logs / f"merge/{group}/fisher.log").exists()  # reads statistics: its own job
+    assert (logs / "merge/effnet/eps8/dp_merging/s0/ties.log").exists()  # the epsilon sweep's group

@@ -43,9 +43,12 @@ def test_paper_vision_preset_lists_the_papers_dag(tmp_path):
     assert counts["pretrained"] == backbones
     pretrained_rows = backbones * epsilons  # pretrained_head: w0 with its zero-shot heads, nothing trained
     assert counts["finetune"] == (main_groups + sweep_rho + sweep_lambda + pretrained_rows) * tasks
-    assert counts["evaluate_individual"] == main_groups + pretrained_rows  # sweeps are read merged only
-    # main groups: every operator and diagnostic; the sensitivity runs: TIES, the tables' operator
-    assert counts["merge"] == main_groups * operators + sweep_rho + sweep_lambda  # each scored in its job
+    # a main group's job scores its individual models and the data-free merges no diagnostic reads (TIES, PCB,
+    # WUDI, ACE); RegMean (statistics), weight averaging and task arithmetic (the diagnostics') run one job each,
+    # as do the sensitivity runs' TIES (the tables' operator); the Pretrained rows are scored alone
+    group_merges = 4
+    assert counts["merge_group"] == main_groups and counts["evaluate_individual"] == pretrained_rows
+    assert counts["merge"] == main_groups * (operators - group_merges) + sweep_rho + sweep_lambda
     assert "evaluate_merged" not in counts
     assert counts["merge_statistics"] == main_groups  # RegMean's privatized Grams, one file per release group
     assert counts["curvature"] == counts["linearity"] == main_groups
@@ -65,7 +68,10 @@ def test_paper_glue_preset_lists_the_papers_dag(tmp_path):
     assert "zeroshot_head" not in counts  # RoBERTa trains its heads
     pretrained_rows = backbones  # pretrained_head: w0 and a head trained under DP at epsilon = 4
     assert counts["finetune"] == (main_groups + sweep_eps + pretrained_rows) * tasks
-    assert counts["merge"] == main_groups * operators + sweep_eps * 2
+    # per main group one job with TIES, PCB, WUDI, ACE; RegMean, weight averaging and task arithmetic (the
+    # diagnostics') one job each
+    assert counts["merge_group"] == main_groups
+    assert counts["merge"] == main_groups * (operators - 4) + sweep_eps * 2
     assert counts["table1"] == backbones and counts["table4"] == 1  # Tables 3 and 11; Table 4
 
 
@@ -174,13 +180,14 @@ def test_the_demo_runs_the_main_question_only_and_the_study_adds_its_diagnostics
     demo, study = yaml.safe_load((ROOT / "config.yaml").read_text()), preset("study.yaml")
     seeds, backbones = len(demo["seeds"]), len(demo["backbones"])
     tasks = {len(b["tasks"]) for b in demo["backbones"].values()}.pop()
-    operators = len(demo["merge"])
     counts = job_counts(tmp_path / "demo", "--configfile", str(ROOT / "config.yaml"))
     methods = demo["methods"]
     assert {"dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor"}.isdisjoint(methods)
     assert counts["finetune"] == backbones * tasks * seeds * len(methods)
     merged = [m for m in methods if m != "pretrained_head"]  # the Pretrained row is scored, never merged
-    assert counts["merge"] == backbones * seeds * len(merged) * operators
+    # one job per release group makes and scores its merges (no diagnostic reads them) and its individual models
+    assert counts["merge_group"] == backbones * seeds * len(merged) and "merge" not in counts
+    assert counts["evaluate_individual"] == backbones * seeds  # the Pretrained row alone
     assert counts["table1"] == backbones and "answer" in counts and "privacy_ledger" in counts
     for diagnostic in ("drift", "curvature", "linearity", "interpolation", "table5", "figure_sharpness_drift"):
         assert diagnostic not in counts, f"the demo runs {diagnostic}"

@@ -120,6 +120,7 @@ def test_a_dry_run_plans_their_jobs(recipe_tree):
                     str(recipe_tree), "--cores", "1", "-n", "--printshellcmds")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
-    assert "--method dp_throwaway" in output and "--method throwaway_mean" in output
+    # the new operator reads only the releases: the release groups' jobs make it (dpmerge score-group --merges)
+    assert "--method dp_throwaway" in output and '"method": "throwaway_mean"' in output
     jobs = planned_jobs(output)
     assert jobs["finetune"] == 2 * 2 * 3  # backbones x tasks x methods, one seed and one budget

@@ -18,7 +18,8 @@ MAX_LINES = 600
 # Which rooms may import which: a room's own modules, plus the rooms listed (transitively lower floors).
 ROOMS_BELOW = {
     "cli": {"cli_arguments", "stages", "catalog", "config_check", "runtime"},
-    "cli_arguments": {"catalog", "cli_help", "cli_types", "methods"},  # the command line's parser, beside cli.py
+    "cli_arguments": {"catalog", "cli_help", "cli_types", "methods", "cli_merge_arguments"},  # the parser
+    "cli_merge_arguments": {"catalog", "cli_types"},  # the merge and scoring commands' flags, torch-free
     "cli_types": set(),  # argparse types, actions and the help formatter: standard library only
     "cli_help": set(),  # the top-level --help's command groups and each researcher command's example
     # the `dpmerge` entry point: through the warm fork server, or cli in this process; stdlib only at import

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from dpmerge.cli_help import command_listing, example_epilog
+from dpmerge.cli_merge_arguments import add_merge_and_score_commands
 from dpmerge.cli_types import DefaultsShown, KeyValues, NamedGroups, NamedPaths, json_object
 from dpmerge.methods import METHODS
 
@@ -39,7 +40,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpmerge.catalog import DENOISERS, OPERATOR_SPECS
+    from dpmerge.catalog import DENOISERS
 
     parser = argparse.ArgumentParser(
         prog="dpmerge",
@@ -325,35 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writes PREFIX.parquet, PREFIX.md, PREFIX.tex and PREFIX_readings.{parquet,md,tex}")
     p.add_argument("--figure", nargs="+", required=True, help="figure file(s): .png and/or .pdf")
 
-    ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
-                    for name, op in OPERATOR_SPECS.items())
-    p = add("merge", "merge.merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")
-    p.add_argument("task_vectors", nargs="+",
-                   help="task vectors: .safetensors files, sharded checkpoints (*.safetensors.index.json) or model "
-                        "folders ('dpmerge task-vector' makes one from a pretrained and a fine-tuned checkpoint)")
-    p.add_argument("--method", dest="operator", required=True, help="merge operator name (listed above)")
-    p.add_argument("--vectors", choices=["task", "difference"], default="task",
-                   help="merge the task vectors tau_t, or the difference vectors tau_t - mean(tau) around the "
-                        "weight average (the result is then the average plus the merged differences); default task")
-    p.add_argument("--name", help="label of this merge in scores and tables (default: the method, with "
-                                  "'_difference' appended for difference vectors)")
-    p.add_argument("--base", required=True,
-                   help="pretrained w0: from 'dpmerge pretrained', or any checkpoint (file, sharded index, model "
-                        "folder) holding every tensor of the vectors; its other tensors pass through unchanged")
-    p.add_argument("--param", action=KeyValues, dest="params", default={},
-                   help="operator hyperparameter key=value (repeatable)")
-    p.add_argument("-o", "--out", help="merged model .safetensors, with the merge's record in its metadata "
-                                       "(give -o, --output-model or both)")
-    p.add_argument("--output-model", default=None,
-                   help="also (or instead) write w0 + merged vector in the base's layout: a model folder as base "
-                        "gives a new folder with its config, tokenizer and shards, loadable by from_pretrained")
-
-    p.add_argument("--statistics", help="per-task data statistics for regmean / fisher (from 'dpmerge statistics')")
-    p.add_argument("--require-privacy-record", action="store_true",
-                   help="refuse task vectors without a full privacy record (default: merge them, warn on stderr "
-                        "and record 'privacy: none recorded'; the pipeline always passes this)")
-    p.add_argument("--allow-single", action="store_true",
-                   help="accept one task vector (default: refuse, a merge of one is usually a mistaken glob)")
+    add_merge_and_score_commands(add, spec_help)
 
     p = add("task-vector", "task_vector.task_vector",
             "A task vector tau = w_finetuned - w_pretrained from two checkpoints as people have them (a .safetensors "
@@ -403,19 +376,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="+", required=True, help="prepared task files, one per task vector")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
-
-    p = add("evaluate", "evaluate.evaluate",
-            "Score every individual (w0 + tau_t) or merged model on every task's test set.")
-    p.add_argument("--backbone-spec", required=True, type=json_object, help=spec_help)
-    p.add_argument("--base", required=True, help="pretrained w0 .safetensors")
-    p.add_argument("--merged", help="merged model .safetensors (omit to evaluate the individual task vectors)")
-    p.add_argument("--task-vectors", nargs="*", help="task vectors, one per task (individual evaluation)")
-    p.add_argument("--own-task-only", action="store_true",
-                   help="individual evaluation: each task model on its own task only (default: on every task)")
-    p.add_argument("--heads", nargs="+", required=True, help="task heads, one per task")
-    p.add_argument("--data", nargs="+", required=True, help="prepared task files, same order as --heads")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("-o", "--out", required=True, help="output .parquet")
 
     p = add("drift", "diagnose.drift", "Reference drift ||w_t - w0|| / ||w0|| per task vector (paper Fig. 3b).")
     p.add_argument("--base", required=True, help="pretrained w0 .safetensors")

@@ -38,6 +38,7 @@ PIPELINE_STEPS = {
     "pretrained": "save w0, the pretrained weights of the merged parameters",
     "zeroshot-head": "a task's CLIP zero-shot head from its class names",
     "finetune": "fine-tune one task privately; release vector and head",
+    "score-group": "a release group's individual models and merges, one job",
     "drift": "reference drift ||w_t - w0|| / ||w0|| (Fig. 3b)",
     "ace-gates": "ACE-Merging's gamma, gate and noise floor per matrix",
     "interpolate": "loss from each task model to the merged one (Fig. 2)",

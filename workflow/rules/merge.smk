@@ -35,6 +35,49 @@ rule merge_statistics:
         "-o {output} > {log} 2>&1"
 
 
+# The main grid's release groups in one job each: torch, the backbone and the tasks' test data are loaded once
+# for the individual scores and every data-free merge (made and scored), where one job per file loaded them for
+# each (merge_common.smk: GROUP_MERGES). A change of any of these merges' settings reruns the group's job.
+ruleorder: merge_group > merge
+ruleorder: merge_group > evaluate_individual
+
+
+rule merge_group:
+    input:
+        base=PRETRAINED,
+        vectors=per_task(TV),
+        heads=per_task(HEAD),
+        data=per_task(DATA),
+    output:
+        individual=SCORES_INDIVIDUAL,
+        merged=expand(MERGED, operator=GROUP_MERGES, allow_missing=True),
+        scores=expand(SCORES_MERGED, operator=GROUP_MERGES, allow_missing=True),
+    params:
+        spec=backbone_spec,
+        merges=group_merges_json,
+        files=lambda wildcards, output: group_merge_files(output),
+        own_task="" if config["evaluation"]["cross_task"] else "--own-task-only",
+    log:
+        result("logs/merge_group/{backbone}/{eps}/{method}/{seed}.log"),
+    benchmark:
+        result("benchmarks/merge_group/{backbone}/{eps}/{method}/{seed}.tsv")
+    wildcard_constraints:
+        **GROUP_CONSTRAINTS,
+    conda:
+        DPMERGE_ENV
+    threads: config["threads"]
+    resources:
+        mem_mb=backbone_resource("mem_mb", 4000),
+        gpu=gpus,
+        runtime="1h",
+    shell:
+        "export DPMERGE_GPU_JOB={resources.gpu}; "
+        "dpmerge score-group --backbone-spec {params.spec:q} --base {input.base} "
+        "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
+        "--individual-out {output.individual} --merges {params.merges:q} {params.files} "
+        "--require-privacy-record --threads {threads} > {log} 2>&1"
+
+
 # A merged model is scored in the job that makes it: one job per (release group, merge) instead of two, and the
 # scores rerun whenever the model does.
 rule merge:

@@ -61,3 +61,59 @@ def all_statistics():
         for name in g["merges"]
         if merge_operator(name) in NEEDS_STATISTICS
     ]
+
+
+# The main grid's release groups are scored in one job each (merge_group in merge.smk): individual models and
+# every merge that reads nothing but the releases (no data statistics, no denoised vectors). A group of the sweeps, a
+# merge with statistics and a merge a diagnostic reads keep the per-file rules merge and evaluate_individual: a
+# group job rewrites all its files when any of its merges changes, which must not rerun the diagnostics.
+DIAGNOSED_MERGES = (
+    {config["diagnostics"][name]["operator"] for name in ("interpolation", "curvature", "landscape")}
+    if DIAGNOSTICS
+    else set()
+)
+
+
+def _group_merge(name):
+    entry = config["merge"][name]
+    return merge_operator(name) not in NEEDS_STATISTICS and not entry.get("denoise") and name not in DIAGNOSED_MERGES
+
+
+GROUP_MERGES = [name for name in OPERATOR_NAMES if _group_merge(name)]
+GROUP_METHODS = [m for m in config["methods"] if not head_only(m)]
+
+
+def _alternatives(names):
+    return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) or "(?!)"
+
+
+GROUP_CONSTRAINTS = dict(
+    eps=_alternatives({e for m in GROUP_METHODS for e in eps_labels_for(m)}),
+    method=_alternatives(GROUP_METHODS),
+    seed=_alternatives(SEEDS),
+)
+
+
+def group_merges_json(wildcards):
+    """The group job's merges as 'dpmerge score-group --merges' reads them (a change reruns the group's job)."""
+    return json.dumps(
+        {
+            name: {
+                "method": merge_operator(name),
+                "vectors": config["merge"][name].get("vectors", "task"),
+                "params": merge_hyperparameters(name),
+            }
+            for name in GROUP_MERGES
+        },
+        sort_keys=True,
+    )
+
+
+def group_merge_files(output):
+    """--merged and --scores as NAME=PATH, in GROUP_MERGES' order (the order of the rule's output lists); none
+    without merges."""
+    if not GROUP_MERGES:
+        return ""
+    merged = " ".join(f"{name}={path}" for name, path in zip(GROUP_MERGES, output.merged))
+    scores = " ".join(f"{name}={path}" for name, path in zip(GROUP_MERGES, output.scores))
+    return f"--merged {merged} --scores {scores}"

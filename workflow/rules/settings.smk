@@ -2,6 +2,7 @@
 # settings (backbone, fine-tuning, budget, seed) as its rules pass them. Everything below it reads these names.
 import json
 import os
+import re
 import shlex
 import sys
 

@@ -27,20 +27,34 @@ def evaluate(*, backbone_spec: dict, base: str, heads: list[str], data: list[str
     """Score the model(s) on each task's test set with that task's head, one Parquet row per (model, task):
     the merged model if `merged` is given, otherwise each of `task_vectors` (one per head) on every task, or on
     its own task only with `own_task_only`."""
-    network = backbone_from_spec(backbone_spec)
-    tasks = load_heads_and_data(heads, data)
-    if not merged and len(task_vectors or []) != len(tasks):
+    if not merged and len(task_vectors or []) != len(heads):
         raise ValueError("individual evaluation needs one --task-vectors file per --heads file")
-    if merged:
-        model, merged_meta = load_tensors(merged)
-        w0 = checked_w0(base, merged_meta=merged_meta, merged_path=merged)
-    else:
+    scorer = Scorer(backbone_spec, heads, data)
+    rows = scorer.merged(base, merged) if merged else scorer.individual(base, task_vectors, own_task_only)
+    write_parquet(rows, out)
+
+
+class Scorer:
+    """The backbone and every task's head and test data, loaded once; scores any number of models on them (a
+    release group's job scores its individual models and each of its merges with one Scorer)."""
+
+    def __init__(self, backbone_spec: dict, heads: list[str], data: list[str]):
+        self.network = backbone_from_spec(backbone_spec)
+        self.tasks = load_heads_and_data(heads, data)
+
+    def individual(self, base: str, task_vectors: list[str], own_task_only: bool) -> list[dict]:
+        if len(task_vectors) != len(self.tasks):
+            raise ValueError(f"{len(task_vectors)} task vectors for {len(self.tasks)} heads: give one per head")
         vectors, metas = read_task_vectors(task_vectors)
         w0 = checked_w0(base, metas, task_vectors)
-    with compute_section("evaluation", log):
-        rows = (_merged_rows(network, w0, tasks, model, merged_meta) if merged
-                else _individual_rows(network, w0, tasks, vectors, metas, own_task_only))
-    write_parquet(rows, out)
+        with compute_section("evaluation", log):
+            return _individual_rows(self.network, w0, self.tasks, vectors, metas, own_task_only)
+
+    def merged(self, base: str, merged: str) -> list[dict]:
+        model, merged_meta = load_tensors(merged)
+        w0 = checked_w0(base, merged_meta=merged_meta, merged_path=merged)
+        with compute_section("evaluation", log):
+            return _merged_rows(self.network, w0, self.tasks, model, merged_meta)
 
 
 def _score(network, head, meta: dict, prepared: dict, model_label: str, source_task: str, shown: str) -> dict:
