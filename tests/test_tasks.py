@@ -76,6 +76,7 @@ def test_registry_contents():
     assert set(EMBEDDED_TASKS) == {
         "digits", "mnist1d", "mnist5k", "textures", "photos", "lfw",
         "bbc_topic", "tweet_sentiment", "bbc_same_topic", "bbc_next_sentence",
+        "bbc_sentence_topic", "health_source", "news_source",
     }
     paper = set(TASKS) - set(EMBEDDED_TASKS)
     assert paper == {"sun397", "cars", "resisc45", "eurosat", "svhn", "gtsrb", "mnist", "dtd",

@@ -26,7 +26,7 @@ from dpmerge.config_fields import (  # noqa: F401 - re-exported: callers import 
 )
 from dpmerge.config_studies import check_studies
 from dpmerge.data.own import OwnTaskError, check_entry, modality_of
-from dpmerge.data.registry import TASKS
+from dpmerge.data.registry import TASKS, records_overlap
 from dpmerge.epsilon import eps_label
 from dpmerge.merge.checks import check_hyperparameters
 from dpmerge.merge.specs import NEEDS_STATISTICS
@@ -55,6 +55,7 @@ def check_config(config: dict) -> None:
         raise ConfigError(schema_error(config, error)) from None
     _check_own_tasks(config)
     _check_backbones(config)
+    _check_shared_records(config)
     _check_method_names(config)
     _check_privacy(config)
     _check_merges(config)
@@ -272,9 +273,25 @@ def _check_backbones(config):
             if public in private:
                 raise ConfigError(f"backbones.{name}.public_data: {public!r} is a private task (of backbone "
                                   f"{private[public]!r}); public data must lie outside every private training set")
+            shared = [task for task in private if records_overlap(public, task)]
+            if shared:
+                raise ConfigError(f"backbones.{name}.public_data: {public!r} is built from the records of the private "
+                                  f"task {shared[0]!r}; public data must lie outside every private training set")
             if public not in own and TASKS[public].modality != modality:
                 raise ConfigError(f"backbones.{name}.public_data: {public!r} is a {TASKS[public].modality} "
                                   f"dataset, but {backbone['kind']!r} is a {modality} backbone")
+
+
+def _check_shared_records(config):
+    """Two tasks built from the same private records (registry: shares_records_with) would spend one record's
+    budget twice under two tasks' separate accounts: a study trains on one of them."""
+    trained = [(name, task) for name, entry in config["backbones"].items() for task in entry["tasks"]]
+    for i, (first_backbone, first) in enumerate(trained):
+        for backbone, task in trained[i + 1:]:
+            if records_overlap(first, task):
+                raise ConfigError(f"backbones.{backbone}.tasks: {task!r} is built from the same records as {first!r} "
+                                  f"(backbone {first_backbone!r}); a study may train on one of the two, since each "
+                                  "private record's budget is accounted under one task")
 
 
 # privacy/accounting.py's REPLACE_ONE_ACCOUNTANTS, restated: this module is read while Snakemake parses the rules,

