@@ -84,7 +84,8 @@ def test_the_signal_check_flags_a_task_at_chance_and_a_weak_one():
     assert verdicts.loc["random", "methods"] == "DP, ε = 4, DP-Merging, ε = 4"
     assert verdicts.loc["weak", "verdict"] == signal.WEAK and verdicts.loc["weak", "methods"] == "DP, ε = 4"
     line = signal.summary_line(frame)
-    assert "1 of 3 tasks carry no signal" in line and "effnet/random" in line and "effnet/weak" in line
+    assert "1 of 3 tasks carries no signal" in line and "1 of 3 tasks is weak" in line
+    assert "effnet/random" in line and "effnet/weak" in line
     assert "effnet/learned" not in line
 
 

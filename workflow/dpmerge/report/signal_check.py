@@ -176,11 +176,13 @@ def summary_line(signal: pd.DataFrame) -> str:
                 "reach their thresholds.")
     parts = []
     if silent:
-        parts.append(f"{len(silent)} of {len(verdicts)} tasks carry no signal at this budget (a private individual "
+        carry = "carries" if len(silent) == 1 else "carry"
+        parts.append(f"{len(silent)} of {len(verdicts)} tasks {carry} no signal at this budget (a private individual "
                      f"model's interval does not lie above chance): {', '.join(silent)}; a merged score on them "
                      "measures noise, and averages over tasks include it")
     if weak:
-        parts.append(f"{len(weak)} are weak (below their threshold): {', '.join(weak)}")
+        parts.append(f"{len(weak)} of {len(verdicts)} tasks {'is' if len(weak) == 1 else 'are'} weak (below a "
+                     f"threshold): {', '.join(weak)}")
     return "Signal check: " + "; ".join(parts) + "."
 
 
