@@ -173,9 +173,10 @@ def test_slurm_profile_run_with_a_cancelled_fine_tune_matches_the_local_run(slur
     attempts = [job for job in jobs if job["comment"] == victims[0]["comment"]]
     assert [job["state"] for job in attempts if job["id"] == victims[0]["id"]] == ["CANCELLED"], jobs
     assert [job["state"] for job in attempts if job["id"] != victims[0]["id"]] == ["COMPLETED"], jobs
-    # every rule ran as its own sbatch job: pretrained, 2 prepares, 2 fine-tunes (+1 retry), 2 merges (each
-    # scoring its merged model), 1 individual evaluation, Table 1, the ledger
-    assert len(jobs) == 11 and all(job["state"] in ("COMPLETED", "CANCELLED") for job in jobs), jobs
+    # every rule ran as its own sbatch job: pretrained, 2 prepares, 2 fine-tunes (+1 retry), the release group's
+    # job (individual scores, TIES made and scored), weight averaging's own job (the configured diagnostics read
+    # it), Table 1, the ledger
+    assert len(jobs) == 10 and all(job["state"] in ("COMPLETED", "CANCELLED") for job in jobs), jobs
     assert task in resumed_tasks(tmp_path), output[-3000:]
     # 2 task vectors, 2 heads, 2 merges, the pretrained weights; 3 score files, Table 1, the ledger's 2 tables
     assert_same_results(tmp_path, reference_run, released=7, tables=6)

@@ -133,9 +133,9 @@ def dry_run(workdir: Path, *config_entries: str) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_plans_the_overridden_grid(tmp_path):
-    entries = ("seeds=[0]", "epsilons=[1,4]", "methods=[naive_dp,dp_merging]", "finetune={lr: 1e-3}")
+    entries = ("seeds=[0]", "epsilons=[1,4]", "methods=[naive_dp,dp_merging]", "finetune={clip_norm: 0.5}")
     # the overrides differ from config.yaml's values, so the plan below can only come from them
-    assert (DEFAULT["seeds"], DEFAULT["epsilons"]) != ([0], [1, 4]) and DEFAULT["finetune"]["lr"] != 0.001
+    assert (DEFAULT["seeds"], DEFAULT["epsilons"]) != ([0], [1, 4]) and DEFAULT["finetune"]["clip_norm"] != 0.5
     result = dry_run(tmp_path, *entries)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     commands = [line for line in result.stdout.splitlines() if "dpmerge finetune " in line]
@@ -145,9 +145,9 @@ def test_dry_run_plans_the_overridden_grid(tmp_path):
     assert {c.split("--epsilon ")[1].split()[0] for c in commands} == {"1.0", "4.0"}
     assert {c.split("--seed ")[1].split()[0] for c in commands} == {"0"}
     assert {c.split("--method ")[1].split()[0] for c in commands} == {"naive_dp", "dp_merging"}
-    # the nested override reached the fine-tunes that have no lr of their own (minilm sets 0.002 itself)
-    effnet = [c for c in commands if "--backbone effnet " in c]
-    assert effnet and all('"lr": 0.001,' in c for c in effnet)
+    # the nested override reached every fine-tune (no backbone sets a clip norm of its own; both set their lr)
+    assert not any("clip_norm" in (b.get("finetune") or {}) for b in DEFAULT["backbones"].values())
+    assert all('"clip_norm": 0.5,' in c for c in commands)
     assert "results/taskvectors/effnet/eps1/naive_dp/s0/digits.safetensors" in result.stdout
     assert not (tmp_path / "results").exists()
 

@@ -19,6 +19,10 @@ COMMON = dict(backbone_spec={"kind": "efficientnet_lite0"}, base="w0", task_vect
     ({"ties": {"method": "ties", "density": 0.2}}, {"ties": "m"}, {"ties": "s"},
      "--merges 'ties': unknown field(s) ['density']; expected ['method', 'params', 'vectors']"),
     ({"ties": {"method": "ties", "params": [0.2]}}, {"ties": "m"}, {"ties": "s"}, "'params' must be an object"),
+    # the second entry's bad hyperparameter is found before the first merge is made
+    ({"wa": {"method": "weight_averaging"}, "ties": {"method": "ties", "params": {"density": 2.0}}},
+     {"wa": "m1", "ties": "m2"}, {"wa": "s1", "ties": "s2"}, "--merges 'ties': ties density must be in [0, 1]"),
+    ({"x": {"method": "fishr"}}, {"x": "m"}, {"x": "s"}, "--merges 'x': "),
 ])
 def test_a_malformed_merge_entry_is_refused_by_name(merges, merged, scores, message):
     with pytest.raises(ValueError) as refused:

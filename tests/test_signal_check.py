@@ -202,6 +202,6 @@ def test_a_task_with_random_labels_is_flagged_on_the_answer_page(tmp_path):
     assert verdicts["colours"] == signal.PASSES, frame
     assert (frame.loc[frame["task"] == "noise", "chance"] == 50.0).all()  # balanced test split
     answer = (tmp_path / "results" / "answer.md").read_text()
-    assert "## Signal check" in answer and "resnet/noise" in answer and "carry no signal" in answer
+    assert "## Signal check" in answer and "resnet/noise" in answer and "carries no signal" in answer
     # no DP-Merging here, so the forest plot has nothing to show: drawn all the same, saying so, and not linked
     assert (tmp_path / "results/figures/answer_forest.png").exists() and "answer_forest" not in answer

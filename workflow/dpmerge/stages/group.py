@@ -6,6 +6,7 @@ group instead of once per file, which is most of what those small jobs cost.
 
 from __future__ import annotations
 
+from dpmerge.merge.registry import resolve_merge
 from dpmerge.stages.common import log, write_parquet
 from dpmerge.stages.evaluate import Scorer
 from dpmerge.stages.merge import merge
@@ -52,3 +53,7 @@ def _check_merge_entries(merges: dict, merged: dict, scores: dict) -> None:
             raise ValueError(f"--merges {name!r}: unknown field(s) {unknown}; expected {sorted(MERGE_FIELDS)}")
         if not isinstance(entry.get("params", {}), dict):
             raise ValueError(f"--merges {name!r}: 'params' must be an object of hyperparameters")
+        try:  # every operator and its hyperparameters checked before the first merge is written
+            resolve_merge(entry["method"], entry.get("vectors", "task"), **(entry.get("params") or {}))
+        except ValueError as error:
+            raise ValueError(f"--merges {name!r}: {error}") from None
