@@ -157,26 +157,37 @@ def _usable(sentence: str) -> bool:
     return len(sentence.split()) >= _MIN_WORDS and sentence not in _repeated_sentences()
 
 
-def _build_bbc_topic() -> FullSplit:
+def _topic_task(name: str, articles_of: str, texts_of: Callable) -> FullSplit:
+    """A topic task on `articles_of`'s articles: `texts_of(article, rng)` gives each article's inputs, all labelled
+    with its topic; each split is shuffled with the task's own split generator."""
     topics = _bbc_topics()
-    train_articles, test_articles = _bbc_task_articles()["bbc_topic"]
-    rng = split_rng("bbc_topic")
+    train_articles, test_articles = _bbc_task_articles()[articles_of]
+    rng = split_rng(name)
 
     def examples(articles):
         texts, labels = [], []
         for article in articles:
-            lead = next((s for s in article.sentences if len(s.split()) >= _MIN_WORDS), None)
-            if lead is None:
-                continue
-            sep = " " if article.title[-1:] in ".!?" else ". "
-            texts.append(article.title + sep + lead)
-            labels.append(topics.index(article.topic))
+            for text in texts_of(article, rng):
+                texts.append(text)
+                labels.append(topics.index(article.topic))
         order = rng.permutation(len(texts))
         return [texts[i] for i in order], np.asarray(labels, dtype=np.int64)[order]
 
     train_x, train_y = examples(train_articles)
     test_x, test_y = examples(test_articles)
     return FullSplit(topics, train_x, train_y, test_x, test_y, render_text)
+
+
+def _title_and_lead(article: _Article, rng: np.random.Generator) -> list[str]:
+    lead = next((s for s in article.sentences if len(s.split()) >= _MIN_WORDS), None)
+    if lead is None:
+        return []
+    sep = " " if article.title[-1:] in ".!?" else ". "
+    return [article.title + sep + lead]
+
+
+def _build_bbc_topic() -> FullSplit:
+    return _topic_task("bbc_topic", "bbc_topic", _title_and_lead)
 
 
 def _same_topic_pairs(articles, n_pairs: int, rng: np.random.Generator):
@@ -288,27 +299,16 @@ _SENTENCE_TOPIC_MIN_WORDS = 10
 _SENTENCE_TOPIC_PER_ARTICLE = 6
 
 
+def _body_sentences(article: _Article, rng: np.random.Generator) -> list[str]:
+    # the lead is bbc_topic's input kind; a body sentence has to carry the topic on its own
+    body = [s for s in article.sentences[1:] if _usable(s) and len(s.split()) >= _SENTENCE_TOPIC_MIN_WORDS]
+    return [body[i] for i in rng.permutation(len(body))[:_SENTENCE_TOPIC_PER_ARTICLE]]
+
+
 def _build_bbc_sentence_topic() -> FullSplit:
     """Topic from one body sentence. It reads bbc_same_topic's articles (the registry marks the two as sharing
     records, and a study may use one of them), so it stays disjoint from bbc_topic and bbc_next_sentence."""
-    topics = _bbc_topics()
-    train_articles, test_articles = _bbc_task_articles()["bbc_same_topic"]
-    rng = split_rng("bbc_sentence_topic")
-
-    def examples(articles):
-        texts, labels = [], []
-        for article in articles:
-            # the lead is bbc_topic's input kind; a body sentence has to carry the topic on its own
-            body = [s for s in article.sentences[1:] if _usable(s) and len(s.split()) >= _SENTENCE_TOPIC_MIN_WORDS]
-            for i in rng.permutation(len(body))[:_SENTENCE_TOPIC_PER_ARTICLE]:
-                texts.append(body[i])
-                labels.append(topics.index(article.topic))
-        order = rng.permutation(len(texts))
-        return [texts[i] for i in order], np.asarray(labels, dtype=np.int64)[order]
-
-    train_x, train_y = examples(train_articles)
-    test_x, test_y = examples(test_articles)
-    return FullSplit(topics, train_x, train_y, test_x, test_y, render_text)
+    return _topic_task("bbc_sentence_topic", "bbc_same_topic", _body_sentences)
 
 
 BUILDERS: dict[str, Callable[[], FullSplit]] = {

@@ -11,12 +11,11 @@ arXiv:2011.14439.
 from __future__ import annotations
 
 import random
-import unicodedata
 from typing import Callable
 
 import numpy as np
 
-from dpmerge.data.fixed_split import FullSplit, package_dir, render_text, split_rng, to_chw
+from dpmerge.data.fixed_split import FullSplit, clean_text, package_dir, render_text, split_rng, to_chw
 
 __all__ = ["BUILDERS", "MNIST1D_VALUE_RANGE"]
 
@@ -165,13 +164,6 @@ def _build_mnist5k() -> FullSplit:
     return _digit_split("mnist5k", images, np.asarray(labels, dtype=np.int64), n_test=1000)
 
 
-def _clean_text(text: str) -> str:
-    # Control characters appear in the tweet corpus as mojibake remnants;
-    # turning them into spaces lets the whitespace collapse remove them.
-    text = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in str(text))
-    return " ".join(text.split())
-
-
 def _build_tweet_sentiment() -> FullSplit:
     import pandas as pd
 
@@ -180,7 +172,7 @@ def _build_tweet_sentiment() -> FullSplit:
     class_names = ("negative", "neutral", "positive")
     df = df[df["confidence"] >= 0.6]
     df = df[df["sentiment"].isin(class_names)]
-    texts = df["text"].fillna("").map(_clean_text)
+    texts = df["text"].fillna("").map(clean_text)
     labels = df["sentiment"].map({c: i for i, c in enumerate(class_names)})
     frame = pd.DataFrame({"text": texts.to_numpy(), "label": labels.to_numpy()})
     # Retweets and cross-posted tweets repeat verbatim; keeping one copy is

@@ -3,13 +3,15 @@
 A task has one fixed train/test split (:class:`FullSplit`), drawn with a constant, task-specific seed
 (:func:`split_rng`), so every run of the pipeline evaluates on the same test set; loading.load_task subsamples and
 renders it. The embedded builders (embedded.py, patches.py, bbc.py) find their data inside installed packages
-with :func:`package_dir` and render raw inputs with :func:`to_chw` (images) or :func:`render_text` (text).
+with :func:`package_dir` and render raw inputs with :func:`to_chw` (images) or :func:`render_text` (text,
+cleaned by :func:`clean_text`).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["FullSplit", "SPLIT_SEED", "split_rng", "package_dir", "to_chw", "render_text"]
+__all__ = ["FullSplit", "SPLIT_SEED", "split_rng", "package_dir", "to_chw", "render_text", "clean_text"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,10 @@ def to_chw(images: np.ndarray, size: int) -> np.ndarray:
 
 def render_text(raw: list, size: int) -> list:
     return list(raw)
+
+
+def clean_text(text) -> str:
+    """One line of text: control characters (mojibake remnants in the packaged corpora) become spaces, then the
+    whitespace collapses."""
+    text = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in str(text))
+    return " ".join(text.split())

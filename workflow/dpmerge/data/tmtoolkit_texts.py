@@ -16,14 +16,13 @@ import io
 import os
 import re
 import sys
-import unicodedata
 import zipfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from dpmerge.data.fixed_split import FullSplit, render_text, split_rng
+from dpmerge.data.fixed_split import FullSplit, clean_text, render_text, split_rng
 
 __all__ = ["BUILDERS", "WHEEL", "wheel_path"]
 
@@ -64,18 +63,12 @@ def _csv(name: str):
         return pd.read_csv(archive.open(f"{name}.csv"))
 
 
-def _clean(text: str) -> str:
-    # control characters (mojibake remnants) become spaces, then whitespace collapses
-    text = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in str(text))
-    return " ".join(text.split())
-
-
 def _clean_tweet(text: str) -> str:
     # The link, a retweet's prefix and the mentions name the outlet outright; without them the wording decides
     text = re.sub(r"https?://\S*|pic\.twitter\.com/\S*", " ", str(text))
     text = re.sub(r"^RT\s+@\w+:?", " ", text)
     text = re.sub(r"@\w+", "@user", text)
-    return _clean(text.replace("&amp;", "&"))
+    return clean_text(text.replace("&amp;", "&"))
 
 
 def _build_health_source() -> FullSplit:
@@ -110,7 +103,7 @@ def _build_news_source() -> FullSplit:
     order = split_rng("news_source").permutation(len(frame))
     n_test = len(frame) // _NEWS_TEST_SHARE
     test, train = order[:n_test], order[n_test:]
-    texts = frame["title"].map(_clean).tolist()
+    texts = frame["title"].map(clean_text).tolist()
     return FullSplit(NEWS_OUTLETS, [texts[i] for i in train], labels[train], [texts[i] for i in test],
                      labels[test], render_text)
 

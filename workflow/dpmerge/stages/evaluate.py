@@ -43,8 +43,7 @@ class Scorer:
         self.tasks = load_heads_and_data(heads, data)
 
     def individual(self, base: str, task_vectors: list[str], own_task_only: bool) -> list[dict]:
-        if len(task_vectors) != len(self.tasks):
-            raise ValueError(f"{len(task_vectors)} task vectors for {len(self.tasks)} heads: give one per head")
+        """One task vector per head, in the heads' order (evaluate and score_group check the count before loading)."""
         vectors, metas = read_task_vectors(task_vectors)
         w0 = checked_w0(base, metas, task_vectors)
         with compute_section("evaluation", log):
