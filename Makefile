@@ -4,7 +4,7 @@ VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo study full noise mixing protocol ace denoise test test-fast install dry-run standin clean
+.PHONY: demo study full noise mixing protocol protocol-reference ace denoise test test-fast install dry-run standin clean
 
 WHEELS := $(VENV)/share/dpmerge/wheels
 
@@ -63,6 +63,10 @@ mixing: install
 protocol: install
 	$(BIN)/snakemake --cores $(CORES) --configfile presets/protocol.yaml --workflow-profile profiles/local
 
+# The non-private reference's own budget, chosen on validation the same way; in results_protocol_reference/.
+protocol-reference: install
+	$(BIN)/snakemake --cores $(CORES) --configfile presets/protocol_reference.yaml --workflow-profile profiles/local
+
 # The paper's code paths (CLIP, RoBERTa, the paper's dataset readers) on tiny stand-ins: minutes on a CPU.
 standin: install
 	[ -d standins ] || $(BIN)/dpmerge make-standins --out standins
@@ -84,4 +88,4 @@ test-fast: install
 	$(BIN)/python -m pytest -q $(addprefix tests/,$(addsuffix .py,$(FAST_TESTS))) -k "not random_labels"
 
 clean:
-	rm -rf results results_study results_full results_noise results_mixing results_protocol results_ace results_denoise results_standin standins .snakemake
+	rm -rf results results_study results_full results_noise results_mixing results_protocol results_protocol_reference results_ace results_denoise results_standin standins .snakemake

@@ -1,6 +1,17 @@
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+# Under pytest-xdist (make test runs two workers) each worker gets its own temporary folder before anything reads
+# it: the fork server's socket and the GPU-slot locks live in a per-user folder there, and one worker's test that
+# stops its server must not stop the other worker's workflow.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _worker_tmp = Path(tempfile.gettempdir()) / f"dpmerge-tests-{os.getuid()}-{os.environ['PYTEST_XDIST_WORKER']}"
+    _worker_tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(_worker_tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 import pytest
 import torch

@@ -159,3 +159,25 @@ def test_dry_run_refuses_text_of_the_wrong_type_in_a_few_lines(tmp_path):
     assert "seeds.1: 'a' is not of type 'integer': expected a whole number" in output
     assert "Traceback" not in output and len(output.splitlines()) < 15
     assert not (tmp_path / "results").exists()
+
+
+def test_a_backbones_own_seeds_replace_the_studys_on_that_backbone_only(tmp_path):
+    result = dry_run(tmp_path, "seeds=[0]", "methods=[naive_dp]", "backbones={minilm: {seeds: [3, 5]}}")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    commands = [line for line in result.stdout.splitlines() if "dpmerge finetune " in line]
+    seeds = {}
+    for command in commands:
+        backbone = command.split("--backbone ")[1].split()[0]
+        seeds.setdefault(backbone, set()).add(command.split("--seed ")[1].split()[0])
+    effnet_default = DEFAULT["backbones"]["effnet"].get("seeds")
+    assert seeds["minilm"] == {"3", "5"}
+    assert seeds["effnet"] == ({str(s) for s in effnet_default} if effnet_default else {"0"})
+    assert "results/scores/merged/minilm/eps4/naive_dp/s5/ties.parquet" in result.stdout
+    assert "results/scores/merged/minilm/eps4/naive_dp/s0/" not in result.stdout
+
+
+def test_the_budget_protocol_refuses_a_backbones_own_seeds():
+    protocol = yaml.safe_load((ROOT / "presets/protocol.yaml").read_text())
+    next(iter(protocol["backbones"].values()))["seeds"] = [0, 1]
+    with pytest.raises(ConfigError, match=r"backbones\.[\w-]+\.seeds: the budget protocol compares its candidates"):
+        check_config(protocol)

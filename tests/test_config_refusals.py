@@ -45,6 +45,8 @@ from test_pipeline import TINY, snakemake
         (lambda c: c["diagnostics"]["curvature"].update(gammas=[0.5, 1.0]),
          "diagnostics.curvature.gammas: the first point must be 0"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
+        (lambda c: c["backbones"]["effnet"].update(seeds=[0, 0]), "backbones.effnet.seeds: [0, 0] has non-unique"),
+        (lambda c: c["backbones"]["effnet"].update(seeds=[]), "backbones.effnet.seeds: [] should be non-empty"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
         (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),
          "finetune.by_method.nonprivate: Additional properties are not allowed ('lrr' was unexpected)"),

@@ -38,8 +38,21 @@ def test_each_kind_takes_the_candidate_with_the_best_mean_over_the_private_metho
     frame = choose(candidates, tables).set_index("candidate")
     assert frame.loc["a", "pooled"] == 45 and frame.loc["b", "pooled"] == 46
     assert list(frame["chosen"]) == [False, True, True]
-    with pytest.raises(ValueError, match="no private method"):
-        choose({"d": {"kind": "k"}}, {"d": table(nonprivate=80)})
+    with pytest.raises(ValueError, match="candidate d: its Table 1 has no individual row of DP or"):
+        choose({"a": {"kind": "k"}, "d": {"kind": "k"}}, {"a": table(naive_dp=50), "d": table(nonprivate=80)})
+
+
+def test_a_run_of_the_reference_alone_takes_the_best_reference_whatever_it_costs():
+    candidates = {"short": {"kind": "k", "epochs": 2.0}, "long": {"kind": "k", "epochs": 5.0},
+                  "slow": {"kind": "k", "epochs": 5.0, "lr": 3e-4}}
+    tables = {"short": table(nonprivate=80.5), "long": table(nonprivate=81.0), "slow": table(nonprivate=70.0)}
+    frame = choose(candidates, tables).set_index("candidate")
+    assert frame.loc["long", "pooled"] == 81.0 and list(frame["chosen"]) == [False, True, False]
+    assert list(frame["tied"]) == [False, True, False]  # one method: no standard error, so nothing ties
+    no_cells = pd.DataFrame({"backbone": ["short"], "method": ["nonprivate"], "meets_threshold": [False]})
+    assert "carries signal" not in choose(candidates, tables, no_cells)  # the criterion is the private methods'
+    with pytest.raises(ValueError, match="has no individual row of Non-private"):
+        choose({"d": {"kind": "k"}}, {"d": pd.DataFrame({"row": [], "Avg.": []})})
 
 
 def test_the_cheapest_candidate_within_one_standard_error_of_the_best_is_chosen():

@@ -68,6 +68,10 @@ def check_config(config: dict) -> None:
                               "protocol (data.validation_fraction, presets/protocol.yaml)")
         if config["sweeps"]:
             raise ConfigError("sweeps: the budget protocol (no merges) runs no sweeps")
+        own_seeds = [name for name, backbone in config["backbones"].items() if "seeds" in backbone]
+        if own_seeds:
+            raise ConfigError(f"backbones.{own_seeds[0]}.seeds: the budget protocol compares its candidates at the "
+                              "same seeds; set the study's seeds only")
         return
     _check_diagnostics(config)
     _check_tables_and_sweeps(config)

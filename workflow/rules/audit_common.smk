@@ -22,13 +22,12 @@ def audit_groups():
     if not AUDIT["methods"]:
         return []
     budgets = [eps_label(e) for e in AUDIT["epsilons"]]
-    seeds = SEEDS[: AUDIT["seeds"]]
     return [
         g
         for g in release_grid() + epsilon_sweep_grid()
         if g["method"] in AUDIT["methods"]
         and (not budgets or g["eps"] in budgets or g["eps"] == "epsinf")
-        and g["seed"] in seeds
+        and g["seed"] in seeds_of(g["backbone"])[: AUDIT["seeds"]]
         and (not AUDIT["backbones"] or g["backbone"] in AUDIT["backbones"])
     ]
 

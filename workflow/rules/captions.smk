@@ -15,7 +15,7 @@ def table1_caption(wildcards):
         backbone=wildcards.backbone,
         kind=_kind(wildcards.backbone),
         epsilon=epsilon_of_label(wildcards.eps),
-        n_seeds=len(SEEDS),
+        n_seeds=len(seeds_of(wildcards.backbone)),
         pretrained=pretrained,
     )
 
@@ -26,7 +26,9 @@ def table1_metric_flag(wildcards):
 
 
 def table4_caption(wildcards):
-    return epsilon_sweep_table_caption(operator=TABLE_OPERATOR, n_seeds=len(SEEDS))
+    return epsilon_sweep_table_caption(
+        operator=TABLE_OPERATOR, n_seeds=sorted({len(seeds_of(b)) for b in config["backbones"]})
+    )
 
 
 def table5_caption(wildcards):
@@ -34,7 +36,7 @@ def table5_caption(wildcards):
         backbone=wildcards.backbone,
         kind=_kind(wildcards.backbone),
         epsilon=epsilon_of_label(wildcards.eps),
-        n_seeds=len(SEEDS),
+        n_seeds=len(seeds_of(wildcards.backbone)),
         one_query=[m for m in ONE_QUERY_FLATNESS_METHODS if m in config["methods"]],
     )
 
@@ -48,7 +50,7 @@ def sensitivity_caption(parameter):
             backbone=wildcards.backbone,
             kind=_kind(wildcards.backbone),
             epsilon=epsilon_of_label(sensitivity_epsilon(parameter)),
-            n_seeds=len(SEEDS),
+            n_seeds=len(seeds_of(wildcards.backbone)),
         )
 
     return caption
@@ -59,7 +61,7 @@ def table8_caption(wildcards):
         backbone=wildcards.backbone,
         kind=_kind(wildcards.backbone),
         epsilon=epsilon_of_label(wildcards.eps),
-        n_seeds=len(SEEDS),
+        n_seeds=len(seeds_of(wildcards.backbone)),
     )
 
 

@@ -10,7 +10,16 @@ TABLE_OPERATOR = config["tables"]["operator"]
 # of them: no drift either, and none of the figures that read them).
 _DIAGNOSED = config["diagnostics"].get("seeds")
 DIAGNOSTICS = bool(OPERATOR_NAMES) and _DIAGNOSED != 0
-DIAGNOSED_SEEDS = (SEEDS if _DIAGNOSED is None else SEEDS[:_DIAGNOSED]) if DIAGNOSTICS else []
+
+
+def diagnosed(group):
+    """Whether the model diagnostics run on a release group: on its backbone's first `diagnostics.seeds` seeds."""
+    if not DIAGNOSTICS:
+        return False
+    seeds = seeds_of(group["backbone"])
+    return group["seed"] in (seeds if _DIAGNOSED is None else seeds[:_DIAGNOSED])
+
+
 # The training-budget protocol (presets/protocol.yaml): individual models scored on a validation split held out
 # of each task's training data, no merges, and the choice of budget (rule select_budget).
 PROTOCOL = bool(config["data"].get("validation_fraction"))
@@ -23,7 +32,7 @@ def release_grid():
         for b in config["backbones"]
         for m in config["methods"]
         for e in eps_labels_for(m)
-        for s in SEEDS
+        for s in seeds_of(b)
     ]
 
 
@@ -42,7 +51,7 @@ def epsilon_sweep_grid():
         for m in sweep["methods"]
         for e in sweep["epsilons"]
         if eps_label(e) not in PRIVATE_EPS
-        for s in SEEDS
+        for s in seeds_of(b)
     ]
 
 
@@ -64,7 +73,7 @@ def sensitivity_grid(parameter):
             if float(value) == float(default):
                 continue
             label = sweep_label(method, parameter, value)
-            groups += [dict(backbone=b, eps=sensitivity_epsilon(parameter), method=label, seed=s) for s in SEEDS]
+            groups += [dict(backbone=b, eps=sensitivity_epsilon(parameter), method=label, seed=s) for s in seeds_of(b)]
     return groups
 
 
@@ -80,16 +89,12 @@ def sweep_merges(parameter):
 def all_groups():
     """Every release group with the merges it runs and whether the curvature diagnostic runs on it."""
     groups = [
-        dict(g, merges=OPERATOR_NAMES, curvature=g["seed"] in DIAGNOSED_SEEDS)
-        for g in release_grid()
-        if not head_only(g["method"])
+        dict(g, merges=OPERATOR_NAMES, curvature=diagnosed(g)) for g in release_grid() if not head_only(g["method"])
     ]
     # The Pretrained row's runs (w0 + a DP head): their task vectors are zero, so there is nothing to merge or
     # diagnose; only their individual scores are read
     groups += [dict(g, merges=[], curvature=False) for g in release_grid() if head_only(g["method"])]
-    groups += [
-        dict(g, merges=sweep_merges("epsilon"), curvature=g["seed"] in DIAGNOSED_SEEDS) for g in epsilon_sweep_grid()
-    ]
+    groups += [dict(g, merges=sweep_merges("epsilon"), curvature=diagnosed(g)) for g in epsilon_sweep_grid()]
     for parameter in SENSITIVITY_LABELS:
         groups += [dict(g, merges=sweep_merges(parameter), curvature=False) for g in sensitivity_grid(parameter)]
     return groups + noise_extra_groups(groups)  # workflow/rules/noise_common.smk
@@ -119,8 +124,4 @@ def table_scores(wildcards):
 
 
 def table_curves(wildcards):
-    return [
-        INTERPOLATION.format(**g)
-        for g in table_groups(wildcards)
-        if g["seed"] in DIAGNOSED_SEEDS and not head_only(g["method"])
-    ]
+    return [INTERPOLATION.format(**g) for g in table_groups(wildcards) if diagnosed(g) and not head_only(g["method"])]

@@ -90,7 +90,7 @@ def _alternatives(names):
 GROUP_CONSTRAINTS = dict(
     eps=_alternatives({e for m in GROUP_METHODS for e in eps_labels_for(m)}),
     method=_alternatives(GROUP_METHODS),
-    seed=_alternatives(SEEDS),
+    seed=_alternatives(ALL_SEEDS),
 )
 
 

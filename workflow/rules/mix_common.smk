@@ -26,7 +26,7 @@ def mix_groups():
         for b in config["backbones"]
         for m in MIX["methods"]
         for t in MIX["targets"]
-        for s in SEEDS
+        for s in seeds_of(b)
     ]
 
 
@@ -54,10 +54,10 @@ def combine_groups():
     if not (MIX["targets"] and copies):
         return []
     return [
-        dict(backbone=b, eps=eps_label(combine["target"]), method=m, seed=SEEDS[j])
+        dict(backbone=b, eps=eps_label(combine["target"]), method=m, seed=seeds_of(b)[j])
         for b in config["backbones"]
         for m in MIX["methods"]
-        for j in range(len(SEEDS) // copies)
+        for j in range(len(seeds_of(b)) // copies)
     ]
 
 
@@ -65,9 +65,10 @@ def combined_components(pattern):
     """The `copies` releases at combine.budget that chunk `seed` averages (the seeds after the chunk's index)."""
 
     def inputs(wildcards):
-        copies, start = MIX["combine"]["copies"], SEEDS.index(wildcards.seed) * MIX["combine"]["copies"]
+        seeds = seeds_of(wildcards.backbone)
+        copies, start = MIX["combine"]["copies"], seeds.index(wildcards.seed) * MIX["combine"]["copies"]
         budget = eps_label(MIX["combine"]["budget"])
-        return [pattern.format(**dict(wildcards, eps=budget, seed=s)) for s in SEEDS[start : start + copies]]
+        return [pattern.format(**dict(wildcards, eps=budget, seed=s)) for s in seeds[start : start + copies]]
 
     return inputs
 

@@ -30,7 +30,7 @@ def noise_groups():
             groups += [
                 dict(backbone=b, eps=e, method=label, seed=s, sweep=sweep)
                 for label, e, sweep in varied
-                for s in SEEDS[: NOISE["seeds"]]
+                for s in seeds_of(b)[: NOISE["seeds"]]
             ]
     return groups
 

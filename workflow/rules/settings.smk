@@ -83,6 +83,16 @@ def sensitivity_override(label):
 
 PRIVATE_EPS = [eps_label(e) for e in config["epsilons"]]
 SEEDS = [f"s{s}" for s in config["seeds"]]
+
+
+def seeds_of(backbone):
+    """The seeds every release group of a backbone runs at: its own `seeds` where it sets them (a backbone whose
+    merged scores vary more between seeds needs more of them for the same interval), else the study's."""
+    own = config["backbones"][backbone].get("seeds")
+    return SEEDS if own is None else [f"s{s}" for s in own]
+
+
+ALL_SEEDS = list(dict.fromkeys(s for b in config["backbones"] for s in seeds_of(b)))
 OPERATOR_NAMES = list(config["merge"])
 
 

@@ -136,7 +136,7 @@ for _table, _reason in SKIPPED_TABLES:
 
 def landscape_groups(backbone, eps):
     methods = [m for m in config["diagnostics"]["landscape"]["methods"] if m in config["methods"]]
-    return [dict(backbone=backbone, eps=eps, method=m, seed=SEEDS[0]) for m in methods]
+    return [dict(backbone=backbone, eps=eps, method=m, seed=seeds_of(backbone)[0]) for m in methods]
 
 
 def landscape_files(wildcards):

@@ -12,11 +12,13 @@ from dpmerge.methods import METHODS
 from dpmerge.report.labels import operator_label
 
 
-def seeds_note(n_seeds: int) -> str:
-    """How a table's cells summarise the seeds."""
-    if n_seeds == 1:
+def seeds_note(n_seeds: int | list[int]) -> str:
+    """How a table's cells summarise the seeds; a list: the distinct seed counts of the backbones it spans."""
+    counts = sorted(set(n_seeds)) if isinstance(n_seeds, (list, tuple)) else [n_seeds]
+    if counts == [1]:
         return "one seed"
-    return f"mean ± std over {n_seeds} seeds, improvements as mean paired difference [95 % t-interval]"
+    how_many = str(counts[0]) if len(counts) == 1 else f"{', '.join(map(str, counts))} (per backbone)"
+    return f"mean ± std over {how_many} seeds, improvements as mean paired difference [95 % t-interval]"
 
 
 def multitask_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds: int,
@@ -33,7 +35,7 @@ def multitask_table_caption(*, backbone: str, kind: str, epsilon: float, n_seeds
     )
 
 
-def epsilon_sweep_table_caption(*, operator: str, n_seeds: int) -> str:
+def epsilon_sweep_table_caption(*, operator: str, n_seeds: int | list[int]) -> str:
     """Table 4: the average merged score with the tables' operator at each budget."""
     return (f"Average merged score (0-100) with {operator_label(operator)} at each privacy budget epsilon: "
             f"naive DP vs DP-Merging, per backbone, {seeds_note(n_seeds)}.")

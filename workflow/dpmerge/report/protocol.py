@@ -17,6 +17,10 @@ candidate "carries signal" when every private method's individual model on every
 of the way from chance to 100 (the check's threshold, 0.3 by default). Where some candidate of a kind carries
 signal, the choice is made among those alone: the cheapest, equal costs to the higher pooled score. Where none
 does, the rule above chooses, and the table says that no candidate met the criterion.
+
+The non-private reference's own budget (presets/protocol_reference.yaml): a run of the non-private method alone
+is judged on it. One method gives no standard error, so nothing ties with the best and the best is chosen: a
+reference is the ceiling the private models are measured against, so its cost is not a criterion.
 """
 
 from __future__ import annotations
@@ -31,14 +35,15 @@ from dpmerge.methods import PRIVATE_MERGED_METHODS
 from dpmerge.report.labels import AVERAGE, METHOD_LABELS
 
 PRIVATE_METHODS = PRIVATE_MERGED_METHODS  # the candidates are judged on the methods that are merged later
+REFERENCE = "nonprivate"
 SETTINGS = ("trainable_blocks", "lr", "head_lr", "epochs", "batch_size")
 SIGNAL = "signal cells met"
 
 
-def individual_averages(table: pd.DataFrame) -> dict[str, float]:
-    """Method -> Table 1's 'Avg.' of its individual models (mean over seeds), for the private methods run."""
+def individual_averages(table: pd.DataFrame, methods=PRIVATE_METHODS) -> dict[str, float]:
+    """Method -> Table 1's 'Avg.' of its individual models (mean over seeds), for those of `methods` run."""
     found = {}
-    for method in PRIVATE_METHODS:
+    for method in methods:
         rows = table[table["row"] == f"{METHOD_LABELS[method]} Individual"]
         if not rows.empty and pd.notna(rows.iloc[0][AVERAGE]):
             found[method] = float(rows.iloc[0][AVERAGE])
@@ -79,15 +84,20 @@ def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame],
     training cost, with `signal` (the signal check's frame) how many of its (task, private method) cells meet the
     signal criterion, and whether it is its kind's choice (see the module's rule)."""
     rows, averages_of = [], {}
+    # judged on the private methods wherever one ran; a run of the reference alone on the reference
+    judged = PRIVATE_METHODS if any(individual_averages(t) for t in tables.values()) else (REFERENCE,)
     for name, settings in candidates.items():
-        averages = individual_averages(tables[name])
+        averages = individual_averages(tables[name], judged)
         if not averages:
-            raise ValueError(f"candidate {name}: its Table 1 has no private method's individual row")
+            raise ValueError(f"candidate {name}: its Table 1 has no individual row of "
+                             f"{' or '.join(METHOD_LABELS[m] for m in judged)}")
         averages_of[name] = averages
         rows.append({"candidate": name, "kind": settings["kind"], **{s: settings.get(s) for s in SETTINGS},
                      **{f"{METHOD_LABELS[m]} (validation)": v for m, v in averages.items()},
                      "pooled": sum(averages.values()) / len(averages), "cost": training_cost(settings)})
     frame = pd.DataFrame(rows)
+    if judged != PRIVATE_METHODS:
+        signal = None  # the signal criterion is the private methods'; the reference's check is its own threshold
     if signal is not None:
         counts = [signal_cells(signal, name) for name in frame["candidate"]]
         frame[SIGNAL] = [f"{met}/{total}" for met, total in counts]
@@ -113,13 +123,17 @@ def choose(candidates: dict[str, dict], tables: dict[str, pd.DataFrame],
 
 def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
     shown = frame.drop(columns=["chosen"]).copy()
-    lines = ["# Training budget: the protocol's choice", "",
-             "Every candidate fine-tuned the private methods on each task with a seeded part of the task's training "
-             f"split held out as validation ({seeds} seed(s)); the score is the individual models' average over "
-             "tasks on that validation split (0-100). Rule: per backbone kind, the best candidate has the highest "
-             "mean over the private methods ('pooled'); a candidate ties with it when its mean per-method gap to the "
-             "best is at most the gap's standard error; the cheapest tied candidate (epochs x trainable blocks; "
-             "equal costs: the higher pooled) is chosen. No test example and no merged model was read.", "",
+    reference = f"{METHOD_LABELS[REFERENCE]} (validation)" in frame
+    rule = ("Rule: per backbone kind, the candidate with the highest non-private validation average is chosen "
+            "(the reference's own budget: a ceiling, so cost is not a criterion)." if reference else
+            "Rule: per backbone kind, the best candidate has the highest mean over the private methods ('pooled'); "
+            "a candidate ties with it when its mean per-method gap to the best is at most the gap's standard error; "
+            "the cheapest tied candidate (epochs x trainable blocks; equal costs: the higher pooled) is chosen.")
+    lines = ["# Training budget: the protocol's choice" + (" for the non-private reference" if reference else ""), "",
+             f"Every candidate fine-tuned the {'non-private' if reference else 'private'} methods on each task with "
+             f"a seeded part of the task's training split held out as validation ({seeds} seed(s)); the score is "
+             f"the individual models' average over tasks on that validation split (0-100). {rule} No test example "
+             "and no merged model was read.", "",
              *(["Signal criterion (fixed before the candidates ran): where some candidate of a kind has every "
                 "private method's individual model on every task at least its threshold share of the way from "
                 "chance to 100 on the validation split ('signal cells met', from the signal check), the cheapest "
