@@ -129,8 +129,9 @@ def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
             "Rule: per backbone kind, the best candidate has the highest mean over the private methods ('pooled'); "
             "a candidate ties with it when its mean per-method gap to the best is at most the gap's standard error; "
             "the cheapest tied candidate (epochs x trainable blocks; equal costs: the higher pooled) is chosen.")
-    lines = ["# Training budget: the protocol's choice" + (" for the non-private reference" if reference else ""), "",
-             f"Every candidate fine-tuned the {'non-private' if reference else 'private'} methods on each task with "
+    title = "# Training budget: the protocol's choice" + (" for the non-private reference" if reference else "")
+    lines = [title, "",
+             f"Every candidate fine-tuned the {'non-private method' if reference else 'private methods'} on each task with "
              f"a seeded part of the task's training split held out as validation ({seeds} seed(s)); the score is "
              f"the individual models' average over tasks on that validation split (0-100). {rule} No test example "
              "and no merged model was read.", "",
