@@ -130,11 +130,11 @@ def to_markdown(frame: pd.DataFrame, seeds: int) -> str:
             "a candidate ties with it when its mean per-method gap to the best is at most the gap's standard error; "
             "the cheapest tied candidate (epochs x trainable blocks; equal costs: the higher pooled) is chosen.")
     title = "# Training budget: the protocol's choice" + (" for the non-private reference" if reference else "")
+    trained = "non-private method" if reference else "private methods"
     lines = [title, "",
-             f"Every candidate fine-tuned the {'non-private method' if reference else 'private methods'} on each task with "
-             f"a seeded part of the task's training split held out as validation ({seeds} seed(s)); the score is "
-             f"the individual models' average over tasks on that validation split (0-100). {rule} No test example "
-             "and no merged model was read.", "",
+             f"Every candidate fine-tuned the {trained} on each task with a seeded part of the task's training split "
+             f"held out as validation ({seeds} seed(s)); the score is the individual models' average over tasks on "
+             f"that validation split (0-100). {rule} No test example and no merged model was read.", "",
              *(["Signal criterion (fixed before the candidates ran): where some candidate of a kind has every "
                 "private method's individual model on every task at least its threshold share of the way from "
                 "chance to 100 on the validation split ('signal cells met', from the signal check), the cheapest "
