@@ -1,7 +1,8 @@
 """Does the answer depend on the study key? The demo's answer cells (DP-Merging - DP per backbone and operator,
 paired 95 % t-intervals) from several results folders, each run with its own study key, side by side, and how
 often one key's mean lies outside another key's interval; and, from the per-seed spread pooled over the keys, how
-many seeds each cell needs for a 95 % interval no wider than --target-half-width.
+many seeds each cell needs for a 95 % interval no wider than --target-half-width; and each cell over every key's
+seeds together (independent replications of one experiment: three keys of five seeds are fifteen seeds).
 
     .venv/bin/python bench/replication.py results_key1 results_key2 results_key3 [--markdown out.md]
 
@@ -77,6 +78,23 @@ def pooled_sd(cells: dict, cell) -> float:
     return float(np.sqrt(np.mean(variances)))
 
 
+def pooled_interval(cells: dict, cell) -> tuple[float, float, float, int]:
+    """(mean, low, high, seeds) of one cell over every key's seeds together: each key's seeds are independent
+    replications of the same experiment, so k keys of n seeds are one experiment of k n seeds. The sample variance
+    of all of them is exact from each key's (n, mean, sd): within-key sums of squares plus n (mean - grand)^2."""
+    from scipy.stats import t
+
+    rows = [table.loc[cell] for table in cells.values()]
+    counts = np.array([int(row["seeds"]) for row in rows])
+    means = np.array([float(row["mean"]) for row in rows])
+    sds = np.array([(row["high"] - row["low"]) / 2 * np.sqrt(n) / t.ppf(0.975, n - 1) for row, n in zip(rows, counts)])
+    total = int(counts.sum())
+    grand = float((counts * means).sum() / total)
+    variance = (((counts - 1) * sds ** 2).sum() + (counts * (means - grand) ** 2).sum()) / (total - 1)
+    half = t.ppf(0.975, total - 1) * np.sqrt(variance / total)
+    return grand, grand - half, grand + half, total
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -88,10 +106,12 @@ def main(argv=None) -> None:
     cells = {str(folder): answer_cells(folder).set_index(["table", "operator"]) for folder in args.results}
     keys = list(cells)
     index = cells[keys[0]].index
+    together = sum(int(c["seeds"].min()) for c in cells.values())
     lines = ["| setting | operator | " + " | ".join(f"key {i + 1}" for i in range(len(keys)))
-             + f" | per-seed SD (pooled) | seeds for ±{args.target_half_width:g} |",
-             "|---|---|" + "---:|" * (len(keys) + 2)]
+             + f" | all keys ({together} seeds) | per-seed SD (pooled) | seeds for ±{args.target_half_width:g} |",
+             "|---|---|" + "---:|" * (len(keys) + 3)]
     outside = pairs = 0
+    pooled_halves = []
     for cell in index:
         texts = []
         for key in keys:
@@ -99,8 +119,11 @@ def main(argv=None) -> None:
             texts.append(interval_cell(row["mean"], row["low"], row["high"], signed=True))
         sd = pooled_sd(cells, cell)
         needed = seeds_for(sd, args.target_half_width)
+        mean, low, high, _ = pooled_interval(cells, cell)
+        pooled_halves.append((high - low) / 2)
         lines.append(f"| {cell[0]} | {cell[1]} | " + " | ".join(texts)
-                     + f" | {sd:.1f} | {needed if needed is not None else '> 200'} |")
+                     + f" | {interval_cell(mean, low, high, signed=True)} | {sd:.1f} | "
+                     + f"{needed if needed is not None else '> 200'} |")
         for a, b in itertools.permutations(keys, 2):
             ra, rb = cells[a].loc[cell], cells[b].loc[cell]
             pairs += 1
@@ -114,7 +137,8 @@ def main(argv=None) -> None:
         f"interval ({100 * outside / pairs:.0f} %); independent replications at {seeds} seeds give "
         f"{100 * chance_rate(seeds):.0f} % by chance.",
         f"Half-widths: largest {half.max():.1f}, median {half.median():.1f} points; the largest spread of one cell's "
-        f"means between keys {(spread.max(axis=1) - spread.min(axis=1)).max():.1f} points.",
+        f"means between keys {(spread.max(axis=1) - spread.min(axis=1)).max():.1f} points. Over all keys' seeds "
+        f"together: largest half-width {max(pooled_halves):.1f}.",
     ]
     text = "\n".join(lines + summary) + "\n"
     print(text)
