@@ -77,8 +77,9 @@ dry-run: install
 
 # As root, the real-Slurm test installs Slurm (apt-get) and starts it; DPMERGE_TEST_SLURM=0 make test skips it.
 test: install
-	# -rs: a skipped test says why (e.g. the real-Slurm test where apt-get is unavailable); the 15 slowest listed
-	$(BIN)/python -m pytest -q -rs --durations=15 tests
+	# -rs: a skipped test says why (e.g. the real-Slurm test where apt-get is unavailable); the 15 slowest listed;
+	# two workers, each taking whole test files (module fixtures run once; the Slurm test waits on its daemons)
+	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile tests
 
 # The inner loop (about a minute): the DP step against brute force, accounting and neighbours, the method specs, the
 # merge operators against their reference code, the tables, answer page and signal check; no workflow runs.
