@@ -104,6 +104,8 @@ def assert_same_results(actual: Path, expected: Path, released: int, tables: int
         got, got_meta = load_tensors(actual / path)
         assert got_meta == want_meta, path
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), path
+        # the files people publish repeat byte for byte, whatever process wrote them (metadata in a fixed order)
+        assert (actual / path).read_bytes() == (expected / path).read_bytes(), path
     for path in files[".parquet"]:
         pd.testing.assert_frame_equal(pd.read_parquet(actual / path), pd.read_parquet(expected / path), obj=str(path))
 

@@ -149,6 +149,37 @@ def test_good_files_read_back_and_the_streamed_writer_writes_what_the_library_re
         assert digest == tensors_sha256(tensors)
 
 
+WRITE_IN_A_NEW_PROCESS = r"""
+import sys, torch
+from dpmerge.artifacts import save_tensors, write_tensors_streaming
+tensors = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(3)}
+record = {f"field_{i}": {"nested": i, "also": [i, "x"]} for i in range(40)}
+record |= {"task": "digits", "note": "é \"quoted\" / tab\t"}
+save_tensors(sys.argv[1] + "/library.safetensors", tensors, record)
+layout = {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}
+write_tensors_streaming(sys.argv[1] + "/streamed.safetensors", layout, iter(tensors.items()), record)
+"""
+
+
+def test_the_same_tensors_and_record_make_the_same_bytes_in_every_process(tmp_path):
+    # the library writes metadata from a hash map seeded per process: without canonical_metadata_order, 40 keys
+    # come out in the same order in two processes with a chance of 1 in 40!
+    import hashlib
+    import subprocess
+    import sys
+
+    digests = set()
+    for run in range(3):
+        folder = tmp_path / str(run)
+        folder.mkdir()
+        subprocess.run([sys.executable, "-c", WRITE_IN_A_NEW_PROCESS, str(folder)], check=True,
+                       env={**__import__("os").environ, "PYTHONHASHSEED": "random"})
+        digests.add(tuple(hashlib.sha256((folder / name).read_bytes()).hexdigest()
+                          for name in ("library.safetensors", "streamed.safetensors")))
+        assert read_metadata(folder / "library.safetensors")["note"] == 'é "quoted" / tab\t'
+    assert len(digests) == 1
+
+
 def test_the_streamed_writer_refuses_too_few_or_too_many_tensors_and_leaves_nothing(tmp_path):
     layout = {"a": (torch.float32, (2,)), "b": (torch.float32, (1,))}
     out = tmp_path / "m.safetensors"

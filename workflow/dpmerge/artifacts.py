@@ -16,9 +16,11 @@ write one without it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -50,6 +52,8 @@ PRIVACY_FIELDS = (
     "pretrained_sha256",
     "num_train_examples",
 )
+# Every release's metadata carries the tensors_sha256 of its own tensors (privacy/release_log.py writes it)
+RELEASE_HASH = "tensors_sha256"
 # A release that is a function of another release alone (a denoised task vector, stages/denoise.py) says so here:
 # {"operation", "method", "tensors_sha256" of the release}; the ledger finds that release and charges nothing.
 POST_PROCESSING = "post_processing_of"
@@ -96,15 +100,73 @@ def atomic_write(path: str | Path, write, *, private: bool = False) -> None:
         if not private:
             os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
+        written = Path(tmp).stat().st_size if Path(tmp).exists() else 0
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, Exception) and _disk_full(error, path.parent):
+            free = shutil.disk_usage(path.parent).free
+            raise ValueError(f"{path}: no space left on the device that holds {path.parent} ({_size(free)} free "
+                             f"after this file's {_size(written)} were removed; it needs more than that): free space "
+                             "there or move the results folder (config `results:`); nothing already written was "
+                             "changed") from None
         raise
 
 
+# torch and safetensors report a full disk in their own words ("file write failed", "unexpected pos"); what
+# they failed on is told by the free space left where the file was going
+_FULL_DISK_SLACK = 16 * 2**20
+
+
+def _disk_full(error: Exception, folder: Path) -> bool:
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < _FULL_DISK_SLACK
+    except OSError:
+        return False
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
+
+
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> None:
-    encoded = {key: json.dumps(value) for key, value in (metadata or {}).items()}
+    """Write tensors and metadata atomically. A `RELEASE_HASH` in the metadata is always this file's own (a record
+    copied from another release, e.g. by a denoised or mixed release, names its parent's tensors)."""
     contiguous = {key: value.detach().contiguous().cpu() for key, value in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=encoded))
+    metadata = dict(metadata or {})
+    if RELEASE_HASH in metadata:
+        metadata[RELEASE_HASH] = tensors_sha256(contiguous)
+    encoded = {key: json.dumps(value, sort_keys=True) for key, value in metadata.items()}
+
+    def write(tmp):
+        save_file(contiguous, tmp, metadata=encoded)
+        canonical_metadata_order(tmp)
+
+    atomic_write(path, write)
+
+
+def canonical_metadata_order(path: str | Path) -> None:
+    """Rewrite a safetensors header in place with its metadata keys sorted, so that the same tensors and record
+    make the same bytes in every process. The library serialises metadata from a hash map whose order changes
+    with each process's hash seed; the keys are only reordered (the header keeps its length, spaces pad what
+    escaping may save), and the library reads the file back before it is renamed into place."""
+    with open(path, "r+b") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+        metadata = header.pop("__metadata__", None)
+        ordered = {"__metadata__": dict(sorted(metadata.items()))} if metadata is not None else {}
+        ordered.update(header)  # the tensors in the library's order (dtype alignment, then name): already fixed
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > length:
+            raise ValueError(f"{path}: the sorted header is longer than the library's ({len(text)} > {length})")
+        handle.seek(8)
+        handle.write(text + b" " * (length - len(text)))
+    _open(path)
 
 
 class SafetensorsFileError(ValueError):
@@ -168,10 +230,23 @@ def read_metadata(path: str | Path) -> dict:
 
 
 def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """A file's tensors and metadata; a release's tensors checked against the SHA-256 its record carries."""
     path = Path(path)
     handle = _open(path)
     metadata = _decode_metadata(path, handle.metadata())
-    return {key: _read(handle, path, key) for key in handle.keys()}, metadata
+    tensors = {key: _read(handle, path, key) for key in handle.keys()}
+    check_release_content(path, metadata, tensors_sha256(tensors))
+    return tensors, metadata
+
+
+def check_release_content(path: str | Path, metadata: dict, digest: str) -> None:
+    """Refuse a release whose tensors (`digest`, tensors_sha256) are not those it was released with: a flipped
+    byte or an edit after release would otherwise flow silently into every merge, score and figure."""
+    recorded = metadata.get(RELEASE_HASH)
+    if recorded is not None and recorded != digest:
+        raise SafetensorsFileError(f"{path}: its tensors do not match the SHA-256 its record carries "
+                                   f"({str(recorded)[:12]}...): corrupted or edited after release; restore it from a "
+                                   "backup, or delete it and rerun (the ledger keeps counting the first release)")
 
 
 _DTYPES = {
@@ -233,7 +308,9 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
         header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     if metadata:
-        header["__metadata__"] = {key: value if encoded else json.dumps(value) for key, value in metadata.items()}
+        # a record copied from a release names that release's tensors, not these (save_tensors)
+        header["__metadata__"] = {key: value if encoded else json.dumps(value, sort_keys=True)
+                                  for key, value in sorted(metadata.items()) if key != RELEASE_HASH}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
 
@@ -276,9 +353,10 @@ def check_privacy_record(record: dict, where: str) -> None:
 
 
 def save_released(path: str | Path, tensors: dict[str, torch.Tensor], record: dict, extra: dict | None = None) -> None:
-    """Write a released artefact (task vector or head) only together with its privacy record."""
+    """Write a released artefact (task vector or head) only together with its privacy record and the SHA-256 of
+    its tensors (`RELEASE_HASH`), which every reader checks (`load_tensors`)."""
     check_privacy_record(record, str(path))
-    save_tensors(path, tensors, {**record, **(extra or {})})
+    save_tensors(path, tensors, {**record, **(extra or {}), RELEASE_HASH: ""})
 
 
 def _update_digest(digest, key: str, value: torch.Tensor) -> None:
@@ -328,6 +406,10 @@ def tensors_sha256_of(file, keys=None, *, finite: bool = False) -> str:
     return digest.hexdigest()
 
 
+PREPARED_FIELDS = ("task", "backbone", "task_spec", "class_names", "train_features", "train_labels", "test_features",
+                   "test_labels", "pretrained_sha256")
+
+
 def save_prepared(path: str | Path, *, task: str, backbone: str, task_spec: dict, class_names, train_features,
                   train_labels, test_features, test_labels, pretrained_sha256: str) -> None:
     """Write a prepared task file (`dpmerge prepare`; read back by `load_prepared`).
@@ -360,4 +442,13 @@ def load_prepared(path: str | Path) -> dict:
         raise FileNotFoundError(f"prepared task file not found: {path} (run the 'prepare' rule first)")
     # Memory-mapped: a fine-tune reads only its Poisson batches' rows, so a prepared task of many GB (a paper
     # dataset's images at 224 px) costs page cache, not RAM.
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    expected = "a prepared task file written by 'dpmerge prepare' (a torch zip archive)"
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch says "unexpected pos", "PytorchStreamReader failed", "invalid load key"...
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{path}: not {expected} ({reason}); prepare it again") from None
+    missing = [key for key in PREPARED_FIELDS if not isinstance(payload, dict) or key not in payload]
+    if missing:
+        raise ValueError(f"{path}: not {expected}: it lacks {', '.join(missing)}")
+    return payload
