@@ -46,6 +46,7 @@ from test_pipeline import TINY, snakemake
          "diagnostics.curvature.gammas: the first point must be 0"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
         (lambda c: c["backbones"]["effnet"].update(seeds=[0, 0]), "backbones.effnet.seeds: [0, 0] has non-unique"),
+        (lambda c: c.update(seeds=[0, 0]), "seeds: [0, 0] has non-unique"),  # one seed counted twice in a t-interval
         (lambda c: c["backbones"]["effnet"].update(seeds=[]), "backbones.effnet.seeds: [] should be non-empty"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
         (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),

@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     # nargs="?": the workflow passes the flag with an empty value for backbones that train their heads
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
+    p.add_argument("--replace-release", action="store_true",
+                   help="release even where the study's release log holds another run's release at these paths "
+                        "(the earlier one keeps counting in the ledger); default: refuse")
 
     p = add("audit", "audit.audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box "
                                     "Dirac canaries "
@@ -509,6 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                "runs compose with their tasks' releases, and a bound above its "
                                                "claim fails the check")
     p.add_argument("--audits-out", help="ledger of the audits .parquet")
+    p.add_argument("--release-log", default=None,
+                   help="the study's release log (<results>/private/releases.jsonl): every file is checked against "
+                        "it and every release it holds is composed, its file on disk or not (default: none, the "
+                        "files alone)")
 
     p = add("answer", "report.answer", "The study's answer on one page (DP-Merging - DP per backbone and "
                                        "operator, the ablation, "

@@ -110,8 +110,9 @@ rule finetune:
         runtime=backbone_resource("runtime", "12h"),
         gpu=gpus,
     shell:
-        # The key's path and the checkpoint interval are part of the command, not params: neither is a setting
-        # of the release, so changing one reruns nothing (the profiles leave `code` out of rerun-triggers).
+        # The key's path, the checkpoint interval and the permission to replace a logged release are part of the
+        # command, not params: none is a setting of the release, so changing one reruns nothing (the profiles
+        # leave `code` out of rerun-triggers).
         "export DPMERGE_GPU_JOB={resources.gpu}; "
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
@@ -120,6 +121,7 @@ rule finetune:
         "--threads {threads} "
         "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} "
         f"--checkpoint-every {config['checkpoint_every']} "
+        f"{'--replace-release ' if config['privacy']['replace_releases'] else ''}"
         "> {log} 2>&1"
 
 
@@ -147,4 +149,4 @@ rule privacy_ledger:
     shell:
         "dpmerge ledger {input.vectors} --statistics {input.statistics} --out {output.table} "
         "--statistics-out {output.statistics} --report {output.report} --check-out {output.check} "
-        "--audits {input.audits} > {log} 2>&1"
+        f"--audits {{input.audits}} --release-log {RELEASE_LOG} > {{log}} 2>&1"

@@ -3,6 +3,8 @@
 # The study's secret key (dpmerge/study_key.py): created by the first job that needs it, never an output, passed
 # by path in commands (not a parameter: where it lies is not a setting of any result).
 STUDY_KEY = result("private/study.key")
+# Every release the study ever wrote, appended by the fine-tunes before they publish (privacy/release_log.py)
+RELEASE_LOG = result("private/releases.jsonl")
 TV = result("taskvectors/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 HEAD = result("heads/{backbone}/{eps}/{method}/{seed}/{task}.safetensors")
 DATA = result("data/{backbone}/{task}.pt")

@@ -187,7 +187,8 @@ def finetune_hparams(wildcards):
     """The release group's settings, with the study's privacy settings (how the mechanism draws and which
     neighbouring relation it is calibrated for); a sensitivity label's value overrides them last."""
     settings = finetune_settings(wildcards.backbone, method_of(wildcards.method))
-    settings.update(config["privacy"])
+    # whether a logged release may be replaced is the workflow's permission, not a setting of the mechanism
+    settings.update({k: v for k, v in config["privacy"].items() if k != "replace_releases"})
     public_n = settings.get("public_n")
     if isinstance(public_n, dict):  # one public size per task (config_check: every task has one)
         settings["public_n"] = public_n[wildcards.task]

@@ -238,6 +238,8 @@ def check_ledger(ledger: pd.DataFrame) -> list[str]:
             problems.append(f"{row.path}: an independent accountant ({second}) finds epsilon "
                             f"{row.independent_epsilon:.6f} for its record, above {against}")
     releases = _releases(ledger)
+    if "status" in releases:  # an earlier release at a group's path (release log) was replaced, not added to it
+        releases = releases[releases["status"] == "current"]
     for key, group in releases.groupby(GROUP, dropna=False):
         duplicated = group["task"][group["task"].duplicated()].tolist()
         if duplicated:
@@ -413,8 +415,11 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
         below = (private["lower_bound_epsilon"] / claimed).dropna()
         if len(below):
             lower = {"min": float(below.min()), "max": float(below.max())}
+    earlier = ledger[ledger["status"] != "current"] if "status" in ledger and len(ledger) else ledger.iloc[0:0]
     return {"verdict": "FAIL" if problems else "PASS", "problems": list(problems), "notes": ledger_notes(ledger),
             "releases": int(len(ledger)), "private_releases": int(len(private)),
+            "earlier_releases": {str(k): int(v) for k, v in earlier["status"].value_counts().items()}
+            if len(earlier) else {},
             "post_processed": int(post_processed),
             "lower_bound_ratio": lower,
             "statistics": 0 if statistics is None else int(len(statistics)),
@@ -426,8 +431,11 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
     relations = sorted(set(ledger.get("neighbouring", pd.Series(dtype=str)).dropna()))
     releases = _releases(ledger)
     derived = ledger.loc[ledger.index.difference(releases.index)]
+    earlier = releases[releases["status"] != "current"] if "status" in releases else releases.iloc[0:0]
     lines = ["# Privacy ledger", "", f"{len(releases)} released task vectors"
-             + (f", and {len(derived)} post-processings of them." if len(derived) else "."), "",
+             + (f", and {len(derived)} post-processings of them." if len(derived) else ".")
+             + (f" {len(earlier)} of them the release log holds from earlier runs, their files no longer as "
+                "released; they count in every composition below (listed at the end)." if len(earlier) else ""), "",
              THREAT_MODEL.format(relations="; ".join(RELATIONS.get(r, r) for r in relations) or "none recorded"),
              ""]
     lines += ["## Release groups (parallel composition over disjoint task datasets)", ""]
@@ -440,7 +448,7 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
     lines += ["| backbone | method | rho | lambda | lr | B | wd | target eps | seed | tasks | relation | "
               "claimed eps | recomputed eps | lower bound | max delta |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, group in releases.groupby(GROUP, dropna=False):
+    for key, group in releases.drop(earlier.index).groupby(GROUP, dropna=False):
         spent = max(epsilon_value(v) for v in group["spent_epsilon"])
         recomputed = group["recomputed_epsilon"].astype(float).max()
         lower = group["lower_bound_epsilon"].astype(float).max()
@@ -497,6 +505,13 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
         from dpmerge.privacy.audit_ledger import audit_report
 
         lines += audit_report(audits)
+    if len(earlier):
+        lines += ["", "## Earlier releases (from the release log)", "",
+                  "A release is forever: once written it may have been published, so each counts in its task's "
+                  "composition whatever became of its file.", "",
+                  "| path (as released) | status | method | target eps | seed | task |", "|---|---|---|---|---|---|"]
+        lines += [f"| {row.path} | {row.status} | {row.method} | {row.target_epsilon} | {row.seed} | {row.task} |"
+                  for row in earlier.itertuples()]
     lines += ["", "## Check", ""]
     check = ledger_check(ledger, problems, statistics, audits)
     if (gap := check["independent_gap_percent"]) is not None:

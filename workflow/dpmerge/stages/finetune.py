@@ -6,25 +6,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpmerge.artifacts import load_prepared, load_tensors, save_released
+from dpmerge.artifacts import load_prepared, load_tensors
 from dpmerge.methods import parse_label
 from dpmerge.models.registry import BACKBONES
 from dpmerge.models.spec import backbone_from_spec
-from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+from dpmerge.privacy.release_log import ReleaseLogError, check_replacement, publish, release_log_path
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
 from dpmerge.stages.common import log
-from dpmerge.training.finetune import FinetuneConfig
+from dpmerge.training.finetune import FinetuneConfig, mechanism_identity
 from dpmerge.training.finetune import finetune as train
 
 
 def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams: dict,
              epsilon: float | None, seed: int, study_key: str, out_vector: str, out_head: str,
-             checkpoint: str | None = None, checkpoint_every: int = 10, zeroshot_head: str | None = None) -> None:
+             checkpoint: str | None = None, checkpoint_every: int = 10, zeroshot_head: str | None = None,
+             replace_release: bool = False) -> None:
     """Fine-tune the task in `data` with `method`, a method's name or a sweep's label ('dp_merging-rho0.1',
     recorded in the release; the value it names must be the one `hparams` gives), and write its task vector and
-    head.
+    head, logged first in the study's release log (privacy/release_log.py).
 
     A backbone that classifies with frozen zero-shot heads needs `zeroshot_head`; other backbones train a fresh
-    head. `checkpoint` is a resumable state file, removed when the run is done.
+    head. `checkpoint` is a resumable state file, removed when the run is done. Where the log holds another run's
+    release at the output paths, the run is refused before it trains, unless `replace_release`.
     """
     method_label = method
     try:
@@ -39,17 +42,22 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hpar
     prepared, network, config, head, key = training_inputs(
         backbone_spec=backbone_spec, data=data, method=method, hparams=hparams, epsilon=epsilon, seed=seed,
         study_key=study_key, zeroshot_head=zeroshot_head)
-    result = train(
-        network, prepared["task_spec"]["num_classes"], tuple(prepared["train_features"]),
-        prepared["train_labels"], config, study_key=key,
-        identity={"backbone": backbone, "task": prepared["task"], "method": method_label,
-                  "backbone_settings": backbone_settings(backbone_spec)}, log=log,
-        checkpoint=checkpoint, checkpoint_every=checkpoint_every, head=head, train_head=head is None,
-    )
+    features, labels = tuple(prepared["train_features"]), prepared["train_labels"]
+    identity = {"backbone": backbone, "task": prepared["task"], "method": method_label,
+                "backbone_settings": backbone_settings(backbone_spec)}
+    release_log = release_log_path(study_key)
+    mechanism = mechanism_fingerprint(key, mechanism_identity(network, config, identity, features, labels))
+    try:
+        check_replacement(release_log, [out_vector, out_head], mechanism, allowed=replace_release)
+    except ReleaseLogError as error:
+        raise ValueError(str(error)) from None
+    result = train(network, prepared["task_spec"]["num_classes"], features, labels, config, study_key=key,
+                   identity=identity, log=log, checkpoint=checkpoint, checkpoint_every=checkpoint_every, head=head,
+                   train_head=head is None)
     # Training losses are statistics of private data: they stay in the job log, never in a released file.
-    identity = {"backbone": backbone, "task": prepared["task"]}
-    save_released(out_head, result.head, result.record, {**identity, "artifact": "head"})
-    save_released(out_vector, result.task_vector, result.record, {**identity, "artifact": "task_vector"})
+    publish(release_log, mechanism=mechanism, record=result.record,
+            where={"backbone": backbone, "task": prepared["task"]},
+            files=[(out_head, result.head, "head"), (out_vector, result.task_vector, "task_vector")])
     if checkpoint:
         Path(checkpoint).unlink(missing_ok=True)
     log(f"[finetune] released {out_vector} (spent epsilon {result.record['spent_epsilon']})")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from dpmerge.artifacts import PRIVACY_FIELDS, atomic_write, read_metadata
 from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
 from dpmerge.privacy.ledger import (
@@ -15,23 +17,36 @@ from dpmerge.privacy.ledger import (
     check_ledger,
     check_statistics,
     ledger_check,
+    ledger_of_records,
     ledger_report,
 )
+from dpmerge.privacy.ledger_log import CURRENT, check_against_log
+from dpmerge.privacy.release_log import ReleaseLogError
 from dpmerge.stages.common import log, recorded_paths
 
 
 def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[str] | None = None,
            statistics_out: str | None = None, check_out: str | None = None, audits: list[str] | None = None,
-           audits_out: str | None = None) -> None:
+           audits_out: str | None = None, release_log: str | None = None) -> None:
     """Write the ledger (and the statistics' ledger), the report and the check's verdict (`check_out`, JSON),
     then fail if any check failed: report and verdict are written either way, so a failed check can be read.
-    Every table names its files relative to the results folder (`recorded_paths`), never by absolute paths."""
+    Every table names its files relative to the results folder (`recorded_paths`), never by absolute paths.
+
+    With `release_log` (the study's, privacy/release_log.py), every file is checked against it and every logged
+    release whose file is gone, replaced or out of the grid is composed too, with its status."""
     for path in task_vectors:
         if not any(field in read_metadata(path) for field in PRIVACY_FIELDS):
             raise ValueError(f"{path} carries no privacy record: the ledger checks releases ('dpmerge finetune', "
                              "'dpmerge mix' or 'dpmerge combine' write them); plain task vectors can still be merged "
                              "('dpmerge merge') and measured ('dpmerge drift')")
     table = build_ledger(task_vectors)
+    table["status"] = CURRENT
+    log_problems, earlier = [], []
+    if release_log is not None:
+        try:
+            log_problems, earlier = check_against_log(release_log, task_vectors)
+        except ReleaseLogError as error:
+            raise ValueError(str(error)) from None
     statistics_table = build_statistics_ledger(statistics or [])
     audit_table = build_audit_ledger(audits or [])
     inputs = [*task_vectors, *(statistics or []), *(audits or [])]
@@ -39,7 +54,14 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
                                                                    audits_out) if p])))
     for frame in (table, statistics_table, audit_table):
         frame["path"] = frame["path"].map(named)
-    problems = check_ledger(table) + check_statistics(statistics_table, table) + check_audits(audit_table)
+    if earlier:  # named relative to the results folder already, as the log names them
+        logged = ledger_of_records([(path, metadata) for path, metadata, _ in earlier])
+        logged["status"] = [status for *_, status in earlier]
+        table = pd.concat([table, logged], ignore_index=True)
+        if "tensors_sha256" in table:
+            table["tensors_sha256"] = table["tensors_sha256"].fillna("")
+    problems = log_problems + check_ledger(table) + check_statistics(statistics_table, table) + \
+        check_audits(audit_table)
     atomic_write(out, lambda tmp: table.to_parquet(tmp, index=False))
     if statistics_out:
         atomic_write(statistics_out, lambda tmp: statistics_table.to_parquet(tmp, index=False))

@@ -15,9 +15,11 @@ from pathlib import Path
 import torch
 
 from dpmerge.artifacts import (
+    RELEASE_HASH,
     SafetensorsFile,
     check_output_path,
     check_privacy_record,
+    check_release_content,
     file_tensors_sha256,
     load_prepared,
     load_tensors,
@@ -246,6 +248,9 @@ def merge_records(paths: list[str], require_privacy_record: bool) -> tuple[list[
     """Each vector's metadata and whether all of them are releases (full privacy records), checked as such:
     within budget, one vector per task. Without records (unless required) the merge goes on, warned."""
     metas = [open_checkpoint(path).metadata for path in paths]
+    for path, meta in zip(paths, metas):
+        if RELEASE_HASH in meta:  # streamed below one tensor at a time: the release is checked whole first
+            check_release_content(path, meta, file_tensors_sha256(path))
     if require_privacy_record:
         for path, meta in zip(paths, metas):
             check_privacy_record(meta, path)

@@ -162,6 +162,20 @@ def finetune_identity(config: FinetuneConfig, identity: dict, pretrained_sha256:
             "settings": settings}
 
 
+def per_sample_strategy(backbone: Backbone, config: FinetuneConfig) -> str:
+    return backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
+
+
+def mechanism_identity(backbone: Backbone, config: FinetuneConfig, identity: dict,
+                       train_features: tuple[torch.Tensor, ...], train_labels: torch.Tensor) -> dict:
+    """The full identity (`finetune_identity`) of fine-tuning `backbone` on these training examples: what keys
+    the run's randomness, and what tells a repeated release from a new one (privacy/release_log.py)."""
+    data_sha256 = tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}})
+    return finetune_identity(config, identity, backbone.checkpoint_sha256, data_sha256=data_sha256,
+                             num_examples=int(train_labels.shape[0]),
+                             per_sample_gradients=per_sample_strategy(backbone, config))
+
+
 @dataclass(frozen=True)
 class SamplingPlan:
     """What the accountant is told before the run, from the settings and the data's size alone."""
@@ -313,10 +327,9 @@ def finetune(
 
     # -- the mechanism's identity and its secret randomness
     device = backbone.device
-    strategy = backbone.per_sample_strategy if config.per_sample_gradients == "auto" else config.per_sample_gradients
-    data_sha256 = tensors_sha256({"labels": train_labels, **{f"x{i}": f for i, f in enumerate(train_features)}})
-    mechanism = finetune_identity(config, identity, backbone.checkpoint_sha256, data_sha256=data_sha256,
-                                  num_examples=num_examples, per_sample_gradients=strategy)
+    strategy = per_sample_strategy(backbone, config)
+    mechanism = mechanism_identity(backbone, config, identity, train_features, train_labels)
+    data_sha256 = mechanism["data_sha256"]
     randomness = MechanismRandomness(study_key, mechanism, config.rng)
     sampler = randomness.stream("poisson_sampler", "cpu")
     noise = randomness.stream("gaussian_noise", device)  # drawn where the gradients are (same stream on resume)

@@ -1,0 +1,126 @@
+"""The release log: every release a study ever wrote, appended before its files are published, never rewritten.
+
+A release is forever: once written it may be published, so the ledger composes every release ever made from a
+dataset, also one whose file was overwritten or deleted since. Snakemake deletes a job's old outputs before it
+reruns the job, and people delete files; neither touches this log, which lives beside the study key in
+`<results>/private/releases.jsonl` (mode 0600 in the 0700 folder: it holds keyed tags, and it is where a study's
+history is kept, not a release).
+
+One line per run that releases (a fine-tune's task vector and head, one mechanism): its files (each path relative
+to the results folder and the SHA-256 of its tensors), the metadata the files carry (privacy record, backbone,
+task) and the run's mechanism tag (`study_key.mechanism_fingerprint` of its full identity, keyed, so it says
+nothing without the key). The same identity under the same key draws the same randomness and writes the same
+tensors: a run repeated after its files were deleted is the same release, logged again and composed once. A run of
+another identity at a path the log already holds is a new release of the same data; it is refused unless the
+study allows replacing (`privacy.replace_releases`, `dpmerge finetune --replace-release`), and then the earlier
+release stays in the log and in the composition.
+
+What the log cannot do: it remembers only what this results folder's runs wrote. A user who deletes or edits
+the log (or the whole results folder) erases that memory, and the ledger then composes only what remains.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+LOG_NAME = "releases.jsonl"
+
+
+class ReleaseLogError(ValueError):
+    pass
+
+
+def release_log_path(study_key: str | Path) -> Path:
+    """The log of the study whose key is at `study_key` (`<results>/private/study.key`): beside the key."""
+    return Path(study_key).parent / LOG_NAME
+
+
+def results_folder(log: str | Path) -> Path:
+    return Path(log).parent.parent
+
+
+def relative_path(log: str | Path, path: str | Path) -> str:
+    """A release's path as the log names it: relative to the results folder, so a moved folder keeps its log."""
+    return os.path.relpath(Path(path).resolve(), results_folder(log).resolve())
+
+
+def read_entries(log: str | Path) -> list[dict]:
+    """Every entry of the log in the order written (none where there is no log yet). A line that is not a whole
+    JSON entry is refused naming the line: a log is never repaired silently."""
+    log = Path(log)
+    if not log.exists():
+        return []
+    entries = []
+    with open(log, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                entry = json.loads(line)
+                if not isinstance(entry, dict) or not isinstance(entry.get("files"), list):
+                    raise ValueError("not an entry")
+            except ValueError:
+                raise ReleaseLogError(f"{log}, line {number}: not a release-log entry; the log is append-only and "
+                                      "written by dpmerge alone: restore it from your backup") from None
+            entries.append(entry)
+    return entries
+
+
+def earlier_releases_at(log: str | Path, paths: list[str | Path], mechanism: str) -> list[tuple[str, dict]]:
+    """(path, entry) for every logged release at one of `paths` made by another mechanism than `mechanism`."""
+    wanted = {relative_path(log, path) for path in paths}
+    return [(file["path"], entry) for entry in read_entries(log) if entry.get("mechanism") != mechanism
+            for file in entry["files"] if file["path"] in wanted]
+
+
+def check_replacement(log: str | Path, paths: list[str | Path], mechanism: str, *, allowed: bool) -> None:
+    """Refuse to release at a path where the log holds a release of another mechanism, unless replacing is
+    allowed: the earlier release may already be published, and its budget is spent whatever happens to its file."""
+    earlier = earlier_releases_at(log, paths, mechanism)
+    if earlier and not allowed:
+        path, entry = earlier[0]
+        record = entry.get("metadata", {})
+        what = ", ".join(f"{key} {record[key]}" for key in ("method", "target_epsilon", "seed") if key in record)
+        raise ReleaseLogError(
+            f"{path} was released before by another run ({what}; {len(earlier)} earlier release(s) at these paths, "
+            f"logged in {log}). A release is forever: the earlier one counts in its dataset's budget "
+            "even once its file is replaced. To release again anyway, set privacy: {replace_releases: true} (or "
+            "pass --replace-release); the ledger then composes both. To keep the earlier release, restore the "
+            "configuration it was made with, or write to another results folder.")
+
+
+def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict) -> None:
+    """Append one release to the log, durably (fsync), under an exclusive lock: parallel jobs of one study write
+    whole lines. Called before the release's files are renamed into place, so a published file is always logged."""
+    log = Path(log)
+    if not log.parent.exists():
+        log.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(log.parent, 0o700)
+    line = json.dumps({"mechanism": mechanism, "files": files, "metadata": metadata}, sort_keys=True,
+                      separators=(",", ":"), default=str) + "\n"
+    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        data = line.encode()
+        while data:
+            written = os.write(descriptor, data)
+            data = data[written:]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def publish(log: str | Path, *, mechanism: str, record: dict, where: dict,
+            files: list[tuple[str | Path, dict, str]]) -> None:
+    """Release one run's files: each (path, tensors, artifact) with the run's record, `where` (backbone, task)
+    and the SHA-256 of its own tensors in its metadata, logged first, then written (each atomically)."""
+    from dpmerge.artifacts import check_privacy_record, save_released, tensors_sha256
+
+    check_privacy_record(record, str(files[0][0]))
+    hashes = [tensors_sha256(tensors) for _, tensors, _ in files]
+    append(log, mechanism=mechanism, metadata={**record, **where},
+           files=[{"path": relative_path(log, path), "artifact": artifact, "tensors_sha256": digest}
+                  for (path, _, artifact), digest in zip(files, hashes)])
+    for (path, tensors, artifact), digest in zip(files, hashes):
+        save_released(path, tensors, record, {**where, "artifact": artifact})  # writes `digest` in its metadata
