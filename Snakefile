@@ -58,16 +58,21 @@ os.environ.setdefault("DPMERGE_CALIBRATION_CACHE", os.path.abspath(os.path.join(
 # While the Snakefile is parsed, a dry run cannot be told from a run (workflow.dryrun is not known yet), so only
 # what exists is tightened here (an older study's folders, also when a rerun finds nothing to do); onstart, which
 # runs before the first job and never on a dry run, creates the folders.
+# A key others could read is refused first, never made private silently (private_folders.check_key).
 if workflow.is_main_process and os.path.isdir(RESULTS):
     from dpmerge import private_folders
 
+    private_folders.check_key(RESULTS)
     private_folders.sweep(RESULTS)
 
 
+# One run per results folder, whatever its working directory (dpmerge/run_lock.py), held until the run ends.
 onstart:
-    from dpmerge import private_folders
+    from dpmerge import private_folders, run_lock
 
     private_folders.close(RESULTS)
+    private_folders.close_snakemake_folder()
+    run_lock.acquire(RESULTS)
 
 
 # A dry run also ends in onsuccess; it writes nothing, so it must not create the folders either.

@@ -105,6 +105,28 @@ def test_a_rerun_makes_private_what_an_older_run_left_readable(study):
                                                                                                0o600)
 
 
+def test_snakemakes_own_folder_with_the_jobs_times_is_0700(study):
+    assert mode(study / ".snakemake") == 0o700
+
+
+def test_a_key_others_could_read_is_refused_not_repaired_even_by_a_dry_run(study, tmp_path):
+    results = study / "results"
+    key = results / "private/study.key"
+    for args in (["-n"], []):
+        key.chmod(0o644)
+        (results / "private").chmod(0o755)
+        result = snakemake(study, *args)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0
+        assert f"{key} is readable by others (mode 0644)" in output and f"chmod 600 {key}" in output
+        assert "Traceback" not in output
+        assert mode(key) == 0o644  # left as found: making it private is the user's act
+    key.chmod(0o600)
+    result = snakemake(study)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert mode(results / "private") == 0o700
+
+
 def released_files(results):
     private = {results / name for name in PRIVATE_FOLDERS}
     return [path for path in sorted(results.rglob("*"))

@@ -26,6 +26,7 @@ ROOMS_BELOW = {
     "launch": {"forkserver", "cli", "gpu_slots", "openmp_wait"},
     "gpu_slots": set(),  # stdlib only: the launcher claims a job's GPU before anything heavy is imported
     "private_folders": set(),  # stdlib only: the Snakefile makes the private result folders 0700 while parsed
+    "run_lock": set(),  # stdlib only: the Snakefile holds the results folder's lock from onstart on
     "openmp_wait": set(),  # stdlib only: it must run before anything imports torch
     "forkserver": {"cli", "runtime"},
     # dpmerge from Python (a notebook's face): the library's rooms, no stages, no results folders

@@ -32,6 +32,28 @@ def private_folders(results: str | Path) -> list[Path]:
     return [Path(results) / name for name in PRIVATE_FOLDERS]
 
 
+class ExposedKeyError(Exception):
+    pass
+
+
+def check_key(results: str | Path) -> None:
+    """Refuse a study key that others may read (its mode gives group or others any access), before anything
+    tightens modes: a key others could read may already be copied, and then no release made with it is protected.
+    Making it private again is the user's decision, which the message explains; dpmerge never does it silently."""
+    key = Path(results) / "private" / "study.key"
+    try:
+        mode = stat.S_IMODE(os.stat(key).st_mode)
+    except FileNotFoundError:
+        return
+    if mode & 0o077:
+        raise ExposedKeyError(
+            f"{key} is readable by others (mode {mode:04o}): anyone who read it can replay this study's releases "
+            "and tell which examples trained them. dpmerge does not repair this silently. If nobody else could "
+            f"have read it, make it private yourself (chmod 700 {key.parent} && chmod 600 {key}) and run again. If "
+            "someone may have copied it, the releases made with it are not protected: start a new study in a new "
+            "results folder (a new key), and treat what this one released as unprotected.")
+
+
 def close(results: str | Path) -> None:
     """Create each private folder of `results` with mode 0700, or set an existing one to it, then `sweep` them;
     what could not be made private is named in a warning on stderr."""
@@ -42,6 +64,14 @@ def close(results: str | Path) -> None:
     if left:
         print(f"dpmerge: warning: {len(left)} entries in the private folders of {results} could not be made "
               f"private (0700 folders, 0600 files), e.g. {left[0]}", file=sys.stderr, flush=True)
+
+
+def close_snakemake_folder(folder: str | Path = ".snakemake") -> None:
+    """Snakemake's own folder in the working directory: per output its job's start and end times (wall times of
+    private jobs, a side channel) and the console logs. It is made 0700 (its files keep their modes, unreachable
+    through the folder); its contents are Snakemake's, so nothing inside is changed."""
+    if Path(folder).is_dir():
+        os.chmod(folder, FOLDER_MODE)
 
 
 def sweep(results: str | Path) -> list[str]:
