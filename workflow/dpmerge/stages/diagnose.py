@@ -47,6 +47,9 @@ def drift(*, base: str, task_vectors: list[str], out: str) -> None:
     task vectors (no privacy record, from anyone) are measured too, their base checked wherever they say which
     w0 they come from; a row's task is then the file's name."""
     vectors, metas = read_task_vectors(task_vectors, require_record=False)
+    for path, meta in zip(task_vectors, metas):
+        if meta.get("artifact", "task_vector") != "task_vector":
+            raise ValueError(f"{path} is a {meta['artifact']}, not a task vector: drift measures task vectors")
     released = all(not missing_privacy_fields(meta) for meta in metas)
     w0 = checked_w0(base, metas, task_vectors, strict=released)
     mean, per_task = reference_drift(w0, vectors)

@@ -5,6 +5,8 @@ commands).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from dpmerge.report import ace_study, figures
@@ -16,6 +18,13 @@ from dpmerge.stages.common import log, recorded_paths
 
 
 def _read_all(paths: list[str]):
+    """The score (or diagnostic) files, one frame. A folder is refused: pandas would read every Parquet file
+    under it as one dataset, whatever they hold."""
+    for path in paths:
+        if Path(path).is_dir():
+            raise ValueError(f"{path} is a folder; give the .parquet files themselves (e.g. {path}/*.parquet)")
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such file")
     return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
 
 
