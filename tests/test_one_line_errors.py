@@ -78,3 +78,17 @@ def test_a_full_disk_names_the_folder_and_keeps_what_was_there(tmp_path):
                                          r"after this file's 1000 B were removed"):
         atomic_write(target, fill_the_disk)
     assert target.read_bytes() == b"earlier result" and sorted(tmp_path.iterdir()) == [target]
+
+
+def test_the_ledger_of_post_processed_releases_alone_fails_saying_their_releases_are_missing(tmp_path):
+    from dpmerge.artifacts import POST_PROCESSING
+
+    parent = "ab" * 32
+    save_tensors(tmp_path / "denoised.safetensors", {"w": torch.zeros(3)},
+                 {**RECORD, "backbone": "toy", "task": "digits", "artifact": "task_vector",
+                  POST_PROCESSING: {"operation": "denoise", "method": "svd", "tensors_sha256": parent}})
+    result = run_cli("ledger", tmp_path / "denoised.safetensors", "-o", tmp_path / "l.parquet", "--report",
+                     tmp_path / "l.md")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.startswith("error: privacy ledger check failed")
+    assert "a post-processing (denoise) of a release the ledger does not hold" in result.stderr

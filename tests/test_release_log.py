@@ -4,6 +4,7 @@ whose bytes changed after release is refused by every reader and failed by the l
 
 import json
 import os
+import shutil
 import subprocess
 
 import pandas as pd
@@ -119,16 +120,25 @@ def run(workdir, *args, targets=TARGETS):
                           capture_output=True, text=True, env=snakemake_env())
 
 
-@pytest.fixture
-def workdir(tmp_path):
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
-    key = tmp_path / "results/private/study.key"
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("release_log_study")
+    (folder / "config.yaml").write_text(yaml.safe_dump(TINY))
+    key = folder / "results/private/study.key"
     key.parent.mkdir(parents=True, mode=0o700)
     key.write_text(TEST_STUDY_KEY.hex())
     key.chmod(0o600)
-    result = run(tmp_path)
+    result = run(folder)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return tmp_path
+    return folder
+
+
+@pytest.fixture
+def workdir(finished, tmp_path):
+    """A copy of the finished study for each test (times kept, so Snakemake finds nothing to do in it)."""
+    copy = tmp_path / "study"
+    shutil.copytree(finished, copy, symlinks=True)
+    return copy
 
 
 def check(workdir):

@@ -406,10 +406,6 @@ def tensors_sha256_of(file, keys=None, *, finite: bool = False) -> str:
     return digest.hexdigest()
 
 
-PREPARED_FIELDS = ("task", "backbone", "task_spec", "class_names", "train_features", "train_labels", "test_features",
-                   "test_labels", "pretrained_sha256")
-
-
 def save_prepared(path: str | Path, *, task: str, backbone: str, task_spec: dict, class_names, train_features,
                   train_labels, test_features, test_labels, pretrained_sha256: str) -> None:
     """Write a prepared task file (`dpmerge prepare`; read back by `load_prepared`).
@@ -448,7 +444,8 @@ def load_prepared(path: str | Path) -> dict:
     except Exception as error:  # torch says "unexpected pos", "PytorchStreamReader failed", "invalid load key"...
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise ValueError(f"{path}: not {expected} ({reason}); prepare it again") from None
-    missing = [key for key in PREPARED_FIELDS if not isinstance(payload, dict) or key not in payload]
+    # what names a prepared task; the splits a reader needs it checks itself (scoring reads no training split)
+    missing = [key for key in ("task", "task_spec") if not isinstance(payload, dict) or key not in payload]
     if missing:
         raise ValueError(f"{path}: not {expected}: it lacks {', '.join(missing)}")
     return payload

@@ -328,6 +328,8 @@ def task_composition(ledger: pd.DataFrame, statistics: pd.DataFrame | None = Non
     rows = []
     for task, everything in ledger.groupby("task"):
         group = _releases(everything)
+        if not len(group):  # only post-processings of releases the ledger lacks: check_post_processed says so
+            continue
         private = group[group["method"].map(_is_private)]
         mechanisms = [tuple(m) for value in private["mechanisms"] for m in json.loads(value)]
         audited, audit_runs = audit_mechanisms(audits, task)

@@ -80,6 +80,10 @@ def training_inputs(*, backbone_spec: dict, data: str, method: str, hparams: dic
     it, the run's settings, the frozen zero-shot head (when the backbone classifies with one) and the study key.
     Shared by the releases' fine-tunes and the audits' runs (stages/audit.py)."""
     prepared = load_prepared(data)
+    lacking = [key for key in ("train_features", "train_labels", "pretrained_sha256") if key not in prepared]
+    if lacking:
+        raise ValueError(f"{data}: a prepared task without {', '.join(lacking)}: not one 'dpmerge prepare' wrote "
+                         "for training; prepare it again")
     network = backbone_from_spec(backbone_spec)
     if prepared["pretrained_sha256"] != network.checkpoint_sha256:
         raise ValueError(f"{data} was prepared from different pretrained weights; rerun prepare")
