@@ -46,7 +46,8 @@ from test_pipeline import TINY, snakemake
          "diagnostics.curvature.gammas: the first point must be 0"),
         (lambda c: c["backbones"]["minilm"].update(tasks=["digits"]), "is a vision task"),
         (lambda c: c["backbones"]["effnet"].update(seeds=[0, 0]), "backbones.effnet.seeds: [0, 0] has non-unique"),
-        (lambda c: c.update(seeds=[0, 0]), "seeds: [0, 0] has non-unique"),  # one seed counted twice in a t-interval
+        (lambda c: c.update(seeds=[0, 0]), "seeds: [0, 0] has non-unique elements; list each value once"),
+        (lambda c: c.update(results=__file__), "is a file, not a folder; give a folder for the study's results"),
         (lambda c: c["backbones"]["effnet"].update(seeds=[]), "backbones.effnet.seeds: [] should be non-empty"),
         (lambda c: c.update(methods=["dpsgd"]), "dpsgd"),
         (lambda c: c["finetune"].update(by_method={"nonprivate": {"lrr": 1e-3}}),

@@ -154,6 +154,35 @@ def test_the_config_check_refuses_a_bad_declaration_before_any_job(own, tasks, m
         check_config(config_with(own, tasks))
 
 
+@pytest.mark.parametrize("case, message", [
+    ("no_label_column", r"own_tasks.reviews.table: .*r.csv has no column 'label' \(its columns: review, stars\); name"),
+    ("one_class", r"own_tasks.reviews.table: .*r.csv holds 1 distinct label\(s\) in column 'stars'; a "
+                  "classification task needs two or more"),
+    ("jsonl_no_text", r"own_tasks.reviews.table: .*r.jsonl has no column 'review'"),
+    ("one_class_folder", r"own_tasks.reviews.images: .*images has 1 class subfolder\(s\) \(blue\); a task needs"),
+])
+def test_the_config_check_reads_a_tables_columns_and_an_image_folders_classes(tmp_path, case, message):
+    """Own-task data problems stop the study before its first job, not inside `prepare`."""
+    frame = sentences(5)
+    entry, backbone_tasks = {"table": str(tmp_path / "r.csv"), "text": "review", "label": "stars"}, "minilm"
+    if case == "no_label_column":
+        entry.pop("label")
+    elif case == "one_class":
+        frame["stars"] = "good"
+    elif case == "jsonl_no_text":
+        frame.rename(columns={"review": "body"}).to_json(tmp_path / "r.jsonl", orient="records", lines=True)
+        entry["table"] = str(tmp_path / "r.jsonl")
+    elif case == "one_class_folder":
+        entry, backbone_tasks = {"images": str(write_image_folder(tmp_path / "images", classes=("blue",),
+                                                                  per_class=2))}, "effnet"
+    frame.to_csv(tmp_path / "r.csv", index=False)
+    config = json.loads(json.dumps(TINY))
+    config["own_tasks"] = {"reviews": entry}
+    config["backbones"][backbone_tasks]["tasks"] = ["reviews", config["backbones"][backbone_tasks]["tasks"][0]]
+    with pytest.raises(ConfigError, match=message):
+        check_config(config)
+
+
 def test_a_text_task_on_an_image_backbone_is_refused(tmp_path):
     sentences(5).to_csv(tmp_path / "r.csv", index=False)
     with pytest.raises(ConfigError, match="own task 'reviews' is a text task, but 'efficientnet_lite0' is a vision"):

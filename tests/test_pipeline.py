@@ -313,6 +313,13 @@ def test_second_run_does_nothing(finished_run):
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
+def test_a_changed_checkpoint_interval_or_replace_permission_reruns_nothing_even_without_the_profile(finished_run):
+    # neither is a setting of any release: not a param, and not in the command's text (Snakemake's code trigger)
+    for entry in ("checkpoint_every=3", "privacy={replace_releases: true}"):
+        result = snakemake(finished_run, "-n", "--config", entry)
+        assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, entry
+
+
 def test_changed_merge_hyperparameter_reruns_only_merges_and_downstream(finished_run):
     changed = yaml.safe_load((finished_run / "config.yaml").read_text())
     changed["merge"]["ties"]["density"] = 0.5

@@ -149,11 +149,22 @@ def test_a_changed_setting_does_not_forget_the_first_releases(workdir):
     # as root too (the tests run as root in CI): write protection is no guard there, the log is
     release_log = workdir / "results/private/releases.jsonl"
     assert len(read_entries(release_log)) == 2 and check(workdir)["verdict"] == "PASS"
-    changed = run(workdir, "--config", "backbones={effnet: {finetune: {lr: 0.003}}}")
-    assert changed.returncode != 0
-    logs = "".join(p.read_text() for p in (workdir / "results/logs/finetune").rglob("*.log"))
-    assert "was released before by another run" in logs and "replace_releases: true" in logs
-    assert len(read_entries(release_log)) == 2  # refused before training: nothing new released or logged
+    vector = workdir / "results/taskvectors/effnet/eps4/naive_dp/s0/digits.safetensors"
+    first = vector.read_bytes()
+    for dry in ([], ["-n"]):  # refused before any job, a dry run too
+        changed = run(workdir, "--config", "backbones={effnet: {finetune: {lr: 0.003}}}", *dry)
+        output = changed.stdout + changed.stderr
+        assert changed.returncode != 0
+        assert "2 fine-tune(s) would release again where this study already released with other settings" in output
+        assert "hparams.lr 0.002 -> 0.003" in output and "privacy: {replace_releases: true}" in output
+    # nothing ran, so Snakemake deleted nothing: the first release is on disk as released, and logged once
+    assert vector.read_bytes() == first and len(read_entries(release_log)) == 2
+
+    # the stage's own check (the full identity: also what the settings do not show, e.g. edited data)
+    from dpmerge.privacy.release_log import check_replacement
+
+    with pytest.raises(ReleaseLogError, match="was released before by another run"):
+        check_replacement(release_log, [vector], "another mechanism", allowed=False)
 
     allowed = run(workdir, "--config", "backbones={effnet: {finetune: {lr: 0.003}}}",
                   "privacy={replace_releases: true}")
@@ -164,6 +175,7 @@ def test_a_changed_setting_does_not_forget_the_first_releases(workdir):
     assert sorted(ledger["status"]) == ["current", "current", "replaced", "replaced"]
     report = (workdir / "results/privacy/ledger.md").read_text()
     assert "2 of them the release log holds from earlier runs" in report
+    assert "The study's release log holds 4 released runs" in report
     # the composition counts both releases of each task's data
     assert "| digits | effnet | replace_one | 2 |" in report
 

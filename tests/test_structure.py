@@ -40,7 +40,7 @@ ROOMS_BELOW = {
     "config_fields": {"epsilon", "merge"},  # what the config checks share: their error, merge entries, budgets
     # the Snakefile's view: only the torch-free registries and helpers of the rooms it names
     "catalog": {"config_check", "config_fields", "config_studies", "epsilon", "methods", "models", "training", "data",
-                "merge", "report"},
+                "merge", "report", "privacy"},
     "diagnostics": {"models", "artifacts", "metrics", "runtime"},
     "report": {"artifacts", "epsilon", "methods", "runtime"},
     "merge": {"checkpoints", "artifacts", "epsilon", "runtime"},  # pure tensor code: no data, privacy, training

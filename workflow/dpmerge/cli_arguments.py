@@ -11,7 +11,7 @@ import argparse
 
 from dpmerge.cli_help import command_listing, example_epilog
 from dpmerge.cli_merge_arguments import add_merge_and_score_commands
-from dpmerge.cli_types import DefaultsShown, KeyValues, NamedGroups, NamedPaths, json_object
+from dpmerge.cli_types import DefaultsShown, KeyValues, NamedGroups, NamedPaths, json_object, yes_or_no
 from dpmerge.methods import METHODS
 
 METHOD_NAMES = ", ".join(METHODS)
@@ -144,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     # nargs="?": the workflow passes the flag with an empty value for backbones that train their heads
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
-    p.add_argument("--replace-release", action="store_true",
+    p.add_argument("--replace-release", nargs="?", const=True, default=False, type=yes_or_no,
                    help="release even where the study's release log holds another run's release at these paths "
-                        "(the earlier one keeps counting in the ledger); default: refuse")
+                        "(the earlier one keeps counting in the ledger); also '--replace-release no' or 'yes' "
+                        "(default: no, refuse)")
 
     p = add("audit", "audit.audit", "Lower-bound a fine-tune's epsilon empirically: one run with white-box "
                                     "Dirac canaries "

@@ -20,6 +20,15 @@ def json_object(text: str) -> dict:
     return value
 
 
+def yes_or_no(text: str) -> bool:
+    """A switch the workflow passes with its value (--replace-release no), so that the command's text stays the same
+    whichever it is."""
+    words = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
+    if text.lower() not in words:
+        raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
+    return words[text.lower()]
+
+
 class KeyValues(argparse.Action):
     """Repeatable key=value into one dict; a value is read as JSON where it parses (0.3, true, "x"), else as text."""
 

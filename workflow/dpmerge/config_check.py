@@ -25,7 +25,7 @@ from dpmerge.config_fields import (  # noqa: F401 - re-exported: callers import 
     released_budgets,
 )
 from dpmerge.config_studies import check_studies
-from dpmerge.data.own import OwnTaskError, check_entry, modality_of
+from dpmerge.data.own import OwnTaskError, check_data, check_entry, modality_of
 from dpmerge.data.registry import TASKS, records_overlap
 from dpmerge.epsilon import eps_label
 from dpmerge.merge.checks import check_hyperparameters
@@ -53,8 +53,10 @@ def check_config(config: dict) -> None:
         validate(config, schema=str(SCHEMA))
     except WorkflowError as error:
         raise ConfigError(schema_error(config, error)) from None
+    _check_results_folder(config)
     _check_own_tasks(config)
     _check_backbones(config)
+    _check_own_task_data(config)
     _check_shared_records(config)
     _check_method_names(config)
     _check_privacy(config)
@@ -96,6 +98,8 @@ def schema_error(config: dict, error: Exception) -> str:
             if close:
                 message += f"; did you mean {close[0]!r} instead of {key!r}?"
         message += f" (allowed here: {', '.join(allowed)})"
+    if found.validator == "uniqueItems":
+        message += "; list each value once (a seed counted twice would count one run twice in every interval)"
     return message
 
 
@@ -236,6 +240,30 @@ def _check_own_tasks(config):
             check_entry(name, entry)
         except OwnTaskError as error:
             raise ConfigError(str(error)) from None
+
+
+def _check_own_task_data(config):
+    """Each own task a backbone trains on: what its data must hold, read before any job (data/own.py check_data)."""
+    own = config.get("own_tasks") or {}
+    for name in dict.fromkeys(task for backbone in config["backbones"].values() for task in backbone["tasks"]):
+        if name in own:
+            try:
+                check_data(name, own[name])
+            except OwnTaskError as error:
+                raise ConfigError(str(error)) from None
+
+
+def _check_results_folder(config):
+    """The results folder must be a folder (it is created where missing). One outside the working directory is
+    allowed (scratch space on a cluster) and said once, so that a typo does not scatter results unnoticed."""
+    import sys
+
+    results = Path(str(config["results"]))
+    if results.exists() and not results.is_dir():
+        raise ConfigError(f"results: {results} is a file, not a folder; give a folder for the study's results (it is "
+                          "created if missing), e.g. results: results")
+    if results.resolve() != Path.cwd() and Path.cwd() not in results.resolve().parents:
+        print(f"dpmerge: results folder {results.resolve()} lies outside the working directory", file=sys.stderr)
 
 
 def _check_backbones(config):

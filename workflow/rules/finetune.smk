@@ -109,10 +109,12 @@ rule finetune:
         mem_mb=backbone_resource("mem_mb", 6000),
         runtime=backbone_resource("runtime", "12h"),
         gpu=gpus,
+        # Neither is a setting of the release, so neither may rerun it: not params (a changed param reruns the
+        # job), and not written into the command's text (Snakemake's `code` trigger compares that text).
+        checkpoint_every=config["checkpoint_every"],
+        replace_release="yes" if config["privacy"]["replace_releases"] else "no",
     shell:
-        # The key's path, the checkpoint interval and the permission to replace a logged release are part of the
-        # command, not params: none is a setting of the release, so changing one reruns nothing (the profiles
-        # leave `code` out of rerun-triggers).
+        # The key's path is part of the command: it changes only with the results folder, which reruns all anyway.
         "export DPMERGE_GPU_JOB={resources.gpu}; "
         "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
@@ -120,8 +122,7 @@ rule finetune:
         f"--study-key {STUDY_KEY} "
         "--threads {threads} "
         "--out-vector {output.vector} --out-head {output.head} --checkpoint {params.checkpoint} "
-        f"--checkpoint-every {config['checkpoint_every']} "
-        f"{'--replace-release ' if config['privacy']['replace_releases'] else ''}"
+        "--checkpoint-every {resources.checkpoint_every} --replace-release {resources.replace_release} "
         "> {log} 2>&1"
 
 
@@ -150,3 +151,35 @@ rule privacy_ledger:
         "dpmerge ledger {input.vectors} --statistics {input.statistics} --out {output.table} "
         "--statistics-out {output.statistics} --report {output.report} --check-out {output.check} "
         f"--audits {{input.audits}} --release-log {RELEASE_LOG} > {{log}} 2>&1"
+
+
+# A release is forever (dpmerge/privacy/release_log.py). Before any job, and so before Snakemake deletes an earlier
+# release's files to run its fine-tune again, a fine-tune whose settings differ from those its output path was
+# released with is refused, unless the study allows replacing releases (the stage checks the full identity too).
+def planned_fine_tunes():
+    """Output path -> run_settings of every fine-tune the study plans, as the rule would pass them."""
+    planned = {}
+    for group in all_groups():
+        for task in config["backbones"][group["backbone"]]["tasks"]:
+            wildcards = SimpleNamespace(task=task, **{k: group[k] for k in ("backbone", "eps", "method", "seed")})
+            planned[TV.format(**vars(wildcards))] = run_settings(
+                method=group["method"],
+                epsilon=epsilon_of_label(group["eps"]),
+                seed=seed_number(wildcards),
+                hparams=json.loads(finetune_hparams(wildcards)),
+                backbone_settings=backbone_settings(json.loads(backbone_spec(wildcards))),
+            )
+    return planned
+
+
+if workflow.is_main_process and os.path.exists(RELEASE_LOG) and not config["privacy"]["replace_releases"]:
+    _changed = changed_settings(RELEASE_LOG, planned_fine_tunes())
+    if _changed:
+        _path, _differences = _changed[0]
+        raise ConfigError(
+            f"{len(_changed)} fine-tune(s) would release again where this study already released with other "
+            f"settings, e.g. {_path}: {'; '.join(_differences[:3])}. A release is forever: the earlier releases may "
+            "be published, and their budget is spent whatever happens to their files. Restore the settings they "
+            "were made with, write to another results folder (results:), or set privacy: {replace_releases: true} "
+            "to release anyway (the ledger then composes both)."
+        )

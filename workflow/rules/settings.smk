@@ -5,16 +5,20 @@ import os
 import re
 import shlex
 import sys
+from types import SimpleNamespace
 
 # Only the torch-free catalog (dpmerge/catalog.py): building the DAG of a paper preset imports no torch.
 from dpmerge.catalog import (
     BACKBONES,
     BASELINE,
+    ConfigError,
     METHODS,
     NEEDS_STATISTICS,
     PROPOSED,
     SWEPT_PARAMETERS,
     ablation_table_caption,
+    backbone_settings,
+    changed_settings,
     check_config,
     configured_finetune_settings,
     eps_label,
@@ -28,6 +32,7 @@ from dpmerge.catalog import (
     multitask_table_caption,
     operators_table_caption,
     parse_label,
+    run_settings,
     sensitivity_table_caption,
     sharpness_drift_figure_title,
     sweep_label,

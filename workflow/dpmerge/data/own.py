@@ -86,6 +86,70 @@ def check_entry(name: str, entry) -> dict:
     return {"metric": metric, "test_fraction": fraction, **entry, "source": source}
 
 
+def check_data(name: str, entry: dict) -> None:
+    """What the config check reads of an own task's data before any job (after `check_entry`): a CSV or JSON-lines
+    table's columns and its number of labels, an image folder's number of classes. Reading every example (empty
+    texts, unreadable images, a Parquet table) is `prepare`'s."""
+    where, metric = f"own_tasks.{name}", entry.get("metric", "accuracy")
+    if "table" in entry:
+        for field in ("table", "test") if "test" in entry else ("table",):
+            # a test file may hold fewer classes than the training table; the columns it must have
+            _check_table_content(f"{where}.{field}", Path(str(entry[field])), entry,
+                                 regression=metric == "spearman" or field == "test")
+    elif "images" in entry:
+        _check_image_classes(f"{where}.images", Path(str(entry["images"])))
+
+
+def _check_table_content(where: str, path: Path, entry: dict, *, regression: bool) -> None:
+    """What a CSV or JSON-lines table must hold, read before any job (a Parquet table is read by `prepare`): the
+    columns the task names, and for a classification task two or more labels."""
+    import csv
+    import json
+
+    if path.suffix.lower() == ".parquet":
+        return
+    wanted = [entry.get("text", "text"), entry.get("label", "label")] + \
+        ([entry["text_pair"]] if "text_pair" in entry else [])
+    labels, columns = set(), None
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            if path.suffix.lower() == ".csv":
+                reader = csv.DictReader(handle)
+                columns = reader.fieldnames or []
+                rows = reader
+            else:
+                rows = (json.loads(line) for line in handle if line.strip())
+            for number, row in enumerate(rows, start=1):
+                if columns is None:
+                    columns = list(row) if isinstance(row, dict) else []
+                if not isinstance(row, dict):
+                    raise OwnTaskError(f"{where}: {path}, row {number}: not a JSON object")
+                missing = [column for column in wanted if column not in row]
+                if missing:
+                    break
+                labels.add(str(row[wanted[1]]))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        if isinstance(error, OwnTaskError):
+            raise
+        raise OwnTaskError(f"{where}: {path} cannot be read as a {path.suffix} table ({error})") from None
+    missing = [column for column in wanted if column not in (columns or [])]
+    if missing:
+        raise OwnTaskError(f"{where}: {path} has no column {missing[0]!r} (its columns: {', '.join(columns or [])}); "
+                           f"name the right one with own task fields text / label / text_pair")
+    if not regression and len(labels) < 2 and "classes" not in entry:
+        raise OwnTaskError(f"{where}: {path} holds {len(labels)} distinct label(s) in column {wanted[1]!r}; a "
+                           "classification task needs two or more (metric: spearman for a regression task)")
+
+
+def _check_image_classes(where: str, folder: Path) -> None:
+    """An image folder's classes: its subfolders (those of train/ where train/ and test/ split it)."""
+    root = folder / "train" if (folder / "train").is_dir() and (folder / "test").is_dir() else folder
+    classes = [child.name for child in sorted(root.iterdir()) if child.is_dir()]
+    if len(classes) < 2:
+        raise OwnTaskError(f"{where}: {root} has {len(classes)} class subfolder(s) ({', '.join(classes) or 'none'}); "
+                           "a task needs two or more, one subfolder of images per class")
+
+
 def _check_table_path(where: str, path: Path) -> None:
     if path.suffix.lower() not in TABLE_SUFFIXES:
         raise OwnTaskError(f"{where}: {path} is not a table dpmerge reads (expected {', '.join(TABLE_SUFFIXES)})")

@@ -429,7 +429,7 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
 
 
 def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
-                  audits: pd.DataFrame | None = None) -> str:
+                  audits: pd.DataFrame | None = None, logged_runs: int | None = None) -> str:
     relations = sorted(set(ledger.get("neighbouring", pd.Series(dtype=str)).dropna()))
     releases = _releases(ledger)
     derived = ledger.loc[ledger.index.difference(releases.index)]
@@ -437,7 +437,10 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
     lines = ["# Privacy ledger", "", f"{len(releases)} released task vectors"
              + (f", and {len(derived)} post-processings of them." if len(derived) else ".")
              + (f" {len(earlier)} of them the release log holds from earlier runs, their files no longer as "
-                "released; they count in every composition below (listed at the end)." if len(earlier) else ""), "",
+                "released; they count in every composition below (listed at the end)." if len(earlier) else "")
+             + (f" The study's release log holds {logged_runs} released runs (each a task vector and its head), "
+                "every one written in this results folder; every file here was checked against it."
+                if logged_runs is not None else ""), "",
              THREAT_MODEL.format(relations="; ".join(RELATIONS.get(r, r) for r in relations) or "none recorded"),
              ""]
     lines += ["## Release groups (parallel composition over disjoint task datasets)", ""]

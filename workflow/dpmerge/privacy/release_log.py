@@ -90,15 +90,17 @@ def check_replacement(log: str | Path, paths: list[str | Path], mechanism: str, 
             "configuration it was made with, or write to another results folder.")
 
 
-def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict) -> None:
+def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict, settings: dict | None = None) -> None:
     """Append one release to the log, durably (fsync), under an exclusive lock: parallel jobs of one study write
     whole lines. Called before the release's files are renamed into place, so a published file is always logged."""
     log = Path(log)
     if not log.parent.exists():
         log.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(log.parent, 0o700)
-    line = json.dumps({"mechanism": mechanism, "files": files, "metadata": metadata}, sort_keys=True,
-                      separators=(",", ":"), default=str) + "\n"
+    entry = {"mechanism": mechanism, "files": files, "metadata": metadata}
+    if settings is not None:
+        entry["settings"] = settings
+    line = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str) + "\n"
     descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
@@ -112,15 +114,62 @@ def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict
 
 
 def publish(log: str | Path, *, mechanism: str, record: dict, where: dict,
-            files: list[tuple[str | Path, dict, str]]) -> None:
+            files: list[tuple[str | Path, dict, str]], settings: dict | None = None) -> None:
     """Release one run's files: each (path, tensors, artifact) with the run's record, `where` (backbone, task)
-    and the SHA-256 of its own tensors in its metadata, logged first, then written (each atomically)."""
+    and the SHA-256 of its own tensors in its metadata, logged first, then written (each atomically). `settings`
+    (the run's settings as the workflow gave them) are logged too, for `changed_settings`."""
     from dpmerge.artifacts import check_privacy_record, save_released, tensors_sha256
 
     check_privacy_record(record, str(files[0][0]))
     hashes = [tensors_sha256(tensors) for _, tensors, _ in files]
-    append(log, mechanism=mechanism, metadata={**record, **where},
+    append(log, mechanism=mechanism, metadata={**record, **where}, settings=settings,
            files=[{"path": relative_path(log, path), "artifact": artifact, "tensors_sha256": digest}
                   for (path, _, artifact), digest in zip(files, hashes)])
     for (path, tensors, artifact), digest in zip(files, hashes):
         save_released(path, tensors, record, {**where, "artifact": artifact})  # writes `digest` in its metadata
+
+
+# Where the weights and the job are, not what they are (the weights' hash is in the identity already): moving a
+# checkpoint file or running on another device draws the same randomness and makes the same release.
+LOCATION_SETTINGS = ("checkpoint", "cache_dir", "device")
+
+
+def backbone_settings(backbone_spec: dict) -> dict:
+    """The backbone's settings that define a fine-tune's mechanism (image size, trainable blocks, precision, ...):
+    part of its randomness identity and of its logged settings."""
+    return {k: v for k, v in sorted(backbone_spec.items()) if k not in LOCATION_SETTINGS}
+
+
+def run_settings(*, method: str, epsilon: float | None, seed: int, hparams: dict, backbone_settings: dict) -> dict:
+    """A fine-tune's settings as the workflow gives them to `dpmerge finetune`, in one comparable form: what the
+    Snakefile plans and what the stage logs, so that a changed setting is seen before any job runs."""
+    return json.loads(json.dumps({"method": method, "epsilon": None if epsilon is None else float(epsilon),
+                                  "seed": int(seed), "hparams": hparams, "backbone": backbone_settings},
+                                 sort_keys=True, default=str))
+
+
+def changed_settings(log: str | Path, planned: dict[str, dict]) -> list[tuple[str, list[str]]]:
+    """(path, what differs) for each planned fine-tune output (path -> run_settings) whose latest logged release
+    at that path was made with other settings; paths the log does not hold, or holds without settings, are new."""
+    latest: dict[str, dict] = {}
+    for entry in read_entries(log):
+        if "settings" in entry:
+            for file in entry["files"]:
+                latest[file["path"]] = entry["settings"]
+    changed = []
+    for path, settings in planned.items():
+        before = latest.get(relative_path(log, path))
+        if before is not None and before != settings:
+            changed.append((path, _differences(before, settings)))
+    return changed
+
+
+def _differences(before: dict, after: dict, prefix: str = "") -> list[str]:
+    found = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            found += _differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            found.append(f"{prefix}{key} {old!r} -> {new!r}")
+    return found

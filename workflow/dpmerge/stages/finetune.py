@@ -10,7 +10,14 @@ from dpmerge.artifacts import load_prepared, load_tensors
 from dpmerge.methods import parse_label
 from dpmerge.models.registry import BACKBONES
 from dpmerge.models.spec import backbone_from_spec
-from dpmerge.privacy.release_log import ReleaseLogError, check_replacement, publish, release_log_path
+from dpmerge.privacy.release_log import (
+    ReleaseLogError,
+    backbone_settings,
+    check_replacement,
+    publish,
+    release_log_path,
+    run_settings,
+)
 from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
 from dpmerge.stages.common import log
 from dpmerge.training.finetune import FinetuneConfig, mechanism_identity
@@ -57,21 +64,12 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hpar
     # Training losses are statistics of private data: they stay in the job log, never in a released file.
     publish(release_log, mechanism=mechanism, record=result.record,
             where={"backbone": backbone, "task": prepared["task"]},
-            files=[(out_head, result.head, "head"), (out_vector, result.task_vector, "task_vector")])
+            files=[(out_head, result.head, "head"), (out_vector, result.task_vector, "task_vector")],
+            settings=run_settings(method=method_label, epsilon=epsilon, seed=seed, hparams=hparams,
+                                  backbone_settings=backbone_settings(backbone_spec)))
     if checkpoint:
         Path(checkpoint).unlink(missing_ok=True)
     log(f"[finetune] released {out_vector} (spent epsilon {result.record['spent_epsilon']})")
-
-
-# Where the weights and the job are, not what they are (the weights' hash is in the identity already): moving a
-# checkpoint file or running on another device draws the same randomness.
-LOCATION_SETTINGS = ("checkpoint", "cache_dir", "device")
-
-
-def backbone_settings(backbone_spec: dict) -> dict:
-    """The backbone's settings that define a fine-tune's mechanism (image size, trainable blocks, precision, ...):
-    part of its randomness identity."""
-    return {k: v for k, v in sorted(backbone_spec.items()) if k not in LOCATION_SETTINGS}
 
 
 def training_inputs(*, backbone_spec: dict, data: str, method: str, hparams: dict, epsilon: float | None, seed: int,

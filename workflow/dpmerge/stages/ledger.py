@@ -21,7 +21,7 @@ from dpmerge.privacy.ledger import (
     ledger_report,
 )
 from dpmerge.privacy.ledger_log import CURRENT, check_against_log
-from dpmerge.privacy.release_log import ReleaseLogError
+from dpmerge.privacy.release_log import ReleaseLogError, read_entries
 from dpmerge.stages.common import log, recorded_paths
 
 
@@ -41,10 +41,11 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
                              "('dpmerge merge') and measured ('dpmerge drift')")
     table = build_ledger(task_vectors)
     table["status"] = CURRENT
-    log_problems, earlier = [], []
+    log_problems, earlier, logged_runs = [], [], None
     if release_log is not None:
         try:
             log_problems, earlier = check_against_log(release_log, task_vectors)
+            logged_runs = len(read_entries(release_log))
         except ReleaseLogError as error:
             raise ValueError(str(error)) from None
     statistics_table = build_statistics_ledger(statistics or [])
@@ -68,7 +69,7 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     if audits_out:
         atomic_write(audits_out, lambda tmp: audit_table.to_parquet(tmp, index=False))
     atomic_write(report, lambda tmp: Path(tmp).write_text(ledger_report(table, problems, statistics_table,
-                                                                        audit_table)))
+                                                                        audit_table, logged_runs)))
     if check_out:
         verdict = ledger_check(table, problems, statistics_table, audit_table)
         atomic_write(check_out, lambda tmp: Path(tmp).write_text(json.dumps(verdict, indent=1) + "\n"))
