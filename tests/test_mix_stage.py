@@ -57,13 +57,6 @@ def test_a_mixture_releases_one_component_as_it_is_with_a_record_the_ledger_reco
     assert math.isnan(ledger["independent_epsilon"].iloc[0])
     # the same study key and mixture draw the same component: the draw is keyed, not fresh
     assert run_mix(tmp_path, components, target=3.0)[0]["selected"] == chosen
-    # a release like a fine-tune's: logged beside the key (both runs: the same mechanism, one release)
-    from dpmerge.artifacts import tensors_sha256
-    from dpmerge.privacy.release_log import read_entries
-
-    entries = read_entries(tmp_path / "releases.jsonl")
-    assert len(entries) == 2 and entries[0]["mechanism"] == entries[1]["mechanism"]
-    assert {f["artifact"]: f["tensors_sha256"] for f in entries[0]["files"]}["task_vector"] == tensors_sha256(tensors)
 
 
 def test_the_ledger_catches_a_mixture_whose_record_claims_less_than_its_components_give(tmp_path):

@@ -25,11 +25,10 @@ STATUSES = {
 
 
 def logged(meta: dict) -> bool:
-    """Whether a file is a release the log must hold: a fine-tune's or a mixture's task vector (not a
-    post-processing of a release, not a combination of releases, which `dpmerge combine` does not log yet)."""
-    mixture = meta.get("mixture")
+    """Whether a file is a release the log must hold: a fine-tune's task vector (not a post-processing of a
+    release, not a mixture or combination of releases, which their own stages write)."""
     return meta.get("artifact", "task_vector") == "task_vector" and not meta.get(POST_PROCESSING) \
-        and (mixture is None or mixture.get("mode") == "selection")
+        and "mixture" not in meta
 
 
 def check_against_log(log: str | Path, files: list[str]) -> tuple[list[str], list[tuple[str, dict, str]]]:

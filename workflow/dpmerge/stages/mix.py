@@ -18,8 +18,7 @@ from dpmerge.privacy.accounting import accounted_size
 from dpmerge.privacy.mixing import check_components, combination_epsilon, mixture_record_epsilon, plan_selection
 from dpmerge.privacy.randomness import MechanismRandomness
 from dpmerge.privacy.release import checked_release_records
-from dpmerge.privacy.release_log import publish, release_log_path
-from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
 from dpmerge.report.mixing import mixing_summary, plot_mixing, write_mixing_table
 from dpmerge.stages.common import log
 
@@ -104,9 +103,8 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
     record.update(target_epsilon=float(target_epsilon), spent_epsilon=selection.epsilon, delta=delta,
                   accountant="pld_mixture", mixture=mixture)
     where = {"backbone": first["backbone"], "task": first["task"]}
-    # a release like any fine-tune's: logged before it is published (privacy/release_log.py)
-    publish(release_log_path(study_key), mechanism=mechanism_fingerprint(key, identity), record=record, where=where,
-            files=[(out_head, head, "head"), (out_vector, tensors, "task_vector")])
+    save_released(out_head, head, record, {**where, "artifact": "head"})
+    save_released(out_vector, tensors, record, {**where, "artifact": "task_vector"})
     log(f"[mix] {first['task']}: p = {[round(p, 4) for p in selection.probabilities]} over budgets "
         f"{mixture['component_epsilons']} meets epsilon {selection.epsilon:.3f} <= {target_epsilon:g} at delta "
         f"{delta:.3g}; released {out_vector}")
