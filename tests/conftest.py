@@ -78,6 +78,16 @@ class ToyBackbone(Backbone):
 TEST_STUDY_KEY = bytes(range(32))
 
 
+def install_test_key(results: Path) -> Path:
+    """The suite's study key as a workflow's `<results>/private/study.key` (folder 0700, file 0600): the suite's
+    runs are reproducible, where a study makes its own key."""
+    key = Path(results) / "private" / "study.key"
+    key.parent.mkdir(parents=True, mode=0o700)
+    key.write_text(TEST_STUDY_KEY.hex())
+    key.chmod(0o600)
+    return key
+
+
 def keyed(identity=None, study_key=TEST_STUDY_KEY, **names):
     """finetune()'s randomness arguments for a test: the test key and an identity (backbone, task, method)."""
     return {"study_key": study_key, "identity": identity or {"backbone": "toy", "task": "toy", **names}}

@@ -14,7 +14,7 @@ import torch
 from scipy.stats import binom
 from torch import nn
 
-from conftest import TEST_STUDY_KEY, build_backbones_with
+from conftest import TEST_STUDY_KEY, build_backbones_with, install_test_key
 from dpmerge.artifacts import load_tensors, read_metadata
 from dpmerge.models.base import Backbone
 from dpmerge.privacy.audit import audit_scores, epsilon_lower_bound, guess_counts, one_run_p_value
@@ -367,10 +367,7 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
                         "epsilons": [8], "operator": "weight_averaging", "max_examples": 8},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    key = tmp_path / "results" / "private" / "study.key"
-    key.parent.mkdir(parents=True, mode=0o700)
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    install_test_key(tmp_path / "results")
     done = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "2", "--configfile",
                            str(tmp_path / "config.yaml")], capture_output=True, text=True, env=snakemake_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from conftest import TEST_STUDY_KEY
+from conftest import install_test_key
 from dpmerge.config_check import ConfigError, check_config
 from dpmerge.data.loading import load_task
 from test_own_backbones import write_tiny_bert, write_tiny_resnet
@@ -211,10 +211,7 @@ def test_a_study_of_own_tasks_on_own_backbones_runs_to_the_answer_page_and_the_l
         "merge": {"weight_averaging": {}, "task_arithmetic": {}, "ties": {}},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    key = tmp_path / "results" / "private" / "study.key"  # the test key: the suite's runs are reproducible
-    key.parent.mkdir(parents=True, mode=0o700)
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    install_test_key(tmp_path / "results")
     run = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "2", "results/answer.md",
                           "results/privacy/ledger_check.json"],
                          capture_output=True, text=True, env=snakemake_env())

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import TEST_STUDY_KEY
+from conftest import install_test_key
 from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors
 from dpmerge.config_check import ConfigError, check_config
 from dpmerge.merge.registry import OPERATORS
@@ -65,11 +65,7 @@ def planned_jobs(output: str) -> dict[str, int]:
 def finished_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tiny")
     (workdir / "config.yaml").write_text(yaml.safe_dump(TINY))
-    # the test key, so that every run of this suite trains the same releases (a study makes its own key)
-    key = workdir / TINY["results"] / "private" / "study.key"
-    key.parent.mkdir(parents=True, mode=0o700)
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    install_test_key(workdir / TINY["results"])
     result = snakemake(workdir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return workdir

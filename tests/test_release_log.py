@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import TEST_STUDY_KEY
+from conftest import install_test_key
 from dpmerge.artifacts import SafetensorsFileError, load_tensors, read_metadata, save_tensors, tensors_sha256
 from dpmerge.privacy.release_log import (
     ReleaseLogError,
@@ -124,10 +124,7 @@ def run(workdir, *args, targets=TARGETS):
 def finished(tmp_path_factory):
     folder = tmp_path_factory.mktemp("release_log_study")
     (folder / "config.yaml").write_text(yaml.safe_dump(TINY))
-    key = folder / "results/private/study.key"
-    key.parent.mkdir(parents=True, mode=0o700)
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    install_test_key(folder / "results")
     result = run(folder)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return folder

@@ -166,7 +166,7 @@ def test_a_task_with_random_labels_is_flagged_on_the_answer_page(tmp_path):
     import yaml
     from PIL import Image
 
-    from conftest import TEST_STUDY_KEY
+    from conftest import install_test_key
     from test_own_backbones import write_tiny_resnet
     from test_own_tasks import write_image_folder
     from workflow_runs import SNAKEMAKE, snakemake_env
@@ -189,10 +189,7 @@ def test_a_task_with_random_labels_is_flagged_on_the_answer_page(tmp_path):
         "tables": {"operator": "weight_averaging"},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    key = tmp_path / "results" / "private" / "study.key"  # the test key: the run is reproducible
-    key.parent.mkdir(parents=True, mode=0o700)
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
+    install_test_key(tmp_path / "results")
     run = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "2", "results/answer.md"],
                          capture_output=True, text=True, env=snakemake_env())
     assert run.returncode == 0, run.stderr[-3000:]

@@ -13,15 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpmerge.artifacts import POST_PROCESSING, RELEASE_HASH, file_tensors_sha256, read_metadata
-from dpmerge.privacy.release_log import read_entries, relative_path, results_folder
+from dpmerge.privacy.release_log import relative_path, results_folder
 
-CURRENT = "current"
-STATUSES = {
-    CURRENT: "its file, as released",
-    "replaced": "its path holds another release now",
-    "deleted": "its file is gone",
-    "outside the grid": "its file is unchanged but no longer in the workflow's grid",
-}
+CURRENT = "current"  # the other statuses: replaced, deleted, outside the grid (`_status`)
 
 
 def logged(meta: dict) -> bool:
@@ -31,11 +25,15 @@ def logged(meta: dict) -> bool:
         and "mixture" not in meta
 
 
-def check_against_log(log: str | Path, files: list[str]) -> tuple[list[str], list[tuple[str, dict, str]]]:
-    """(problems, earlier releases) for the task-vector `files` the workflow lists: each file checked against the
-    hash its record carries and against the log; every other logged task vector as (path, logged metadata,
-    status), to be composed with the rest."""
-    entries = read_entries(log)
+def check_against_log(log: str | Path, entries: list[dict],
+                      files: list[str]) -> tuple[list[str], list[tuple[str, dict, str]]]:
+    """(problems, earlier releases) for the task-vector `files` the workflow lists, against the log's `entries`
+    (`read_entries`): each file checked against the hash its record carries and against the log; every other
+    logged task vector as (path, logged metadata, status), to be composed with the rest."""
+    logged_hashes: dict[str, set[str]] = {}
+    for entry in entries:
+        for file in entry["files"]:
+            logged_hashes.setdefault(file["path"], set()).add(file["tensors_sha256"])
     problems, current = [], set()
     for path in files:
         meta = read_metadata(path)
@@ -51,12 +49,11 @@ def check_against_log(log: str | Path, files: list[str]) -> tuple[list[str], lis
                             "it again (the ledger keeps counting the first release)")
             continue
         name = relative_path(log, path)
-        here = [file for entry in entries for file in entry["files"] if file["path"] == name]
-        if not here:
+        if name not in logged_hashes:
             problems.append(f"{path}: not in the study's release log ({log}): written outside this study's runs, "
                             "or the log was deleted (restore it from the backup kept with the key); its budget "
                             "cannot be vouched for")
-        elif digest not in {file["tensors_sha256"] for file in here}:
+        elif digest not in logged_hashes[name]:
             problems.append(f"{path}: its tensors match no release the log holds at this path: edited or replaced "
                             "outside dpmerge")
         current.add((name, digest))

@@ -44,8 +44,9 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     log_problems, earlier, logged_runs = [], [], None
     if release_log is not None:
         try:
-            log_problems, earlier = check_against_log(release_log, task_vectors)
-            logged_runs = len(read_entries(release_log))
+            entries = read_entries(release_log)
+            log_problems, earlier = check_against_log(release_log, entries, task_vectors)
+            logged_runs = len(entries)
         except ReleaseLogError as error:
             raise ValueError(str(error)) from None
     statistics_table = build_statistics_ledger(statistics or [])
