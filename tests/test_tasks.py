@@ -332,21 +332,34 @@ def test_vision_train_test_disjoint(name):
 def test_patch_crops_respect_region_rule(name):
     layout = patch_crop_boxes(name)
     assert len(layout.class_names) == TASKS[name].num_classes
-    for boxes, is_train in [(layout.train_boxes, True), (layout.test_boxes, False)]:
+    for label, (h, w) in enumerate(layout.source_shapes):
+        # the bands tile the width, and no train band touches a test band
+        bands = sorted(layout.train_columns[label] + layout.test_columns[label])
+        assert bands[0][0] == 0 and bands[-1][1] == w
+        assert all(a[1] == b[0] for a, b in zip(bands, bands[1:]))
+    for boxes, columns in [(layout.train_boxes, layout.train_columns), (layout.test_boxes, layout.test_columns)]:
         for label, top, left, size in boxes:
             h, w = layout.source_shapes[label]
-            split = layout.split_cols[label]
-            assert split == round(0.7 * w)
             assert size == layout.crop_size
             assert 0 <= top and top + size <= h
-            if is_train:
-                assert 0 <= left and left + size <= split
-            else:
-                assert split <= left and left + size <= w
-    # Each class has its quota in each split.
+            assert any(lo <= left and left + size <= hi for lo, hi in columns[label])
+    # Each class has its quota in each split, and every band is used.
     k = TASKS[name].num_classes
     assert np.all(np.bincount(layout.train_boxes[:, 0], minlength=k) == 300)
     assert np.all(np.bincount(layout.test_boxes[:, 0], minlength=k) == 100)
+    for boxes, columns in [(layout.train_boxes, layout.train_columns), (layout.test_boxes, layout.test_columns)]:
+        for label in range(k):
+            lefts = boxes[boxes[:, 0] == label, 2]
+            for lo, hi in columns[label]:
+                assert np.any((lefts >= lo) & (lefts + layout.crop_size <= hi))
+
+
+def test_textures_test_on_the_right_and_photos_on_two_bands():
+    textures, photos = patch_crop_boxes("textures"), patch_crop_boxes("photos")
+    for (h, w), test in zip(textures.source_shapes, textures.test_columns):
+        assert test == ((round(0.7 * w), w),)
+    for (h, w), test in zip(photos.source_shapes, photos.test_columns):
+        assert test == ((round(0.35 * w), round(0.5 * w)), (round(0.85 * w), w))
 
 
 def _skimage_source(name: str) -> np.ndarray:

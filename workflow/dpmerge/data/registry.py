@@ -155,8 +155,8 @@ _EMBEDDED_SPECS = [
         metric="accuracy",
         description="Which photograph (astronaut, camera, chelsea, "
         "coffee, rocket, motorcycle_left) a random 48x48 crop comes from; "
-        "train crops from the left 70% of each image, test crops from "
-        "the right 30%.",
+        "test crops from two bands of each image's width (35-50% and "
+        "85-100%), train crops from the rest.",
         provenance="scikit-image 0.26 bundled images skimage.data."
         "astronaut, camera, chelsea, coffee, rocket and the left image of "
         "skimage.data.stereo_motorcycle (Middlebury 2014 stereo)",
