@@ -34,7 +34,10 @@ ROOMS_BELOW = {
     "stages": {"privacy", "merge", "checkpoints", "diagnostics", "report", "training", "models", "data", "artifacts",
                "metrics", "epsilon", "methods", "runtime"},
     # the config check reads only the torch-free registries (the catalog test below holds it to that)
-    "config_check": {"config_studies", "config_fields", "data", "epsilon", "methods", "merge", "models", "training"},
+    "config_check": {"config_studies", "config_fields", "config_sampling", "data", "epsilon", "methods", "merge",
+                     "models", "training"},
+    # each fine-tune's batch size and delta against its task's N, where N is known before any job
+    "config_sampling": {"config_fields", "data", "methods"},
     # the studies' sections of the config (noise_scale, mix, ace_study, denoise_study), checked after the grid's
     "config_studies": {"config_fields", "epsilon", "methods", "merge"},
     "config_fields": {"epsilon", "merge"},  # what the config checks share: their error, merge entries, budgets

@@ -24,6 +24,7 @@ from dpmerge.config_fields import (  # noqa: F401 - re-exported: callers import 
     merge_operator,
     released_budgets,
 )
+from dpmerge.config_sampling import check_sampling
 from dpmerge.config_studies import check_studies
 from dpmerge.data.own import OwnTaskError, check_data, check_entry, modality_of
 from dpmerge.data.registry import TASKS, records_overlap
@@ -56,12 +57,13 @@ def check_config(config: dict) -> None:
     _check_results_folder(config)
     _check_own_tasks(config)
     _check_backbones(config)
-    _check_own_task_data(config)
+    own_sizes = _check_own_task_data(config)
     _check_shared_records(config)
     _check_method_names(config)
     _check_privacy(config)
     _check_merges(config)
     _check_finetune_overrides(config)
+    check_sampling(config, own_sizes)
     if not config["merge"]:
         # The training-budget protocol scores individual models on a validation split and must not merge: its
         # choice is made before any merged result exists.
@@ -100,7 +102,15 @@ def schema_error(config: dict, error: Exception) -> str:
         message += f" (allowed here: {', '.join(allowed)})"
     if found.validator == "uniqueItems":
         message += "; list each value once (a seed counted twice would count one run twice in every interval)"
-    return message
+    return message + _what_to_give(found)
+
+
+def _what_to_give(error) -> str:
+    """The fix for a value of the wrong type or out of range: what the field takes."""
+    if error.validator in ("type", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minItems",
+                           "maxItems"):
+        return f"; give {_describe(error.schema)}"
+    return ""
 
 
 # What each JSON-schema type is called in a message. The readers take YAML's spellings, plus the exponent
@@ -163,7 +173,9 @@ def _coercion_schema() -> dict:
     schema["properties"]["finetune"]["properties"]["by_method"]["additionalProperties"] = settings
     schema["properties"]["backbones"]["additionalProperties"]["properties"]["finetune"] = {
         "type": "object",
-        "properties": {**settings["properties"], "by_method": {"type": "object", "additionalProperties": settings}}}
+        "properties": {**settings["properties"], "by_method": {"type": "object", "additionalProperties": settings},
+                       "by_task": {"type": "object", "additionalProperties": {
+                           "type": "object", "properties": {"batch_size": settings["properties"]["batch_size"]}}}}}
     return schema
 
 
@@ -227,6 +239,8 @@ def _describe(schema: dict) -> str:
     bounds = [f"{word} {schema[key]}" for key, word in (("minimum", "at least"), ("exclusiveMinimum", "above"),
                                                          ("maximum", "at most"), ("exclusiveMaximum", "below"))
               if key in schema]
+    bounds += [f"{word} {schema[key]} item(s)" for key, word in (("minItems", "at least"), ("maxItems", "at most"))
+               if key in schema]
     return f"{words} ({', '.join(bounds)})" if bounds else words
 
 
@@ -242,15 +256,17 @@ def _check_own_tasks(config):
             raise ConfigError(str(error)) from None
 
 
-def _check_own_task_data(config):
-    """Each own task a backbone trains on: what its data must hold, read before any job (data/own.py check_data)."""
-    own = config.get("own_tasks") or {}
+def _check_own_task_data(config) -> dict:
+    """Each own task a backbone trains on: what its data must hold, read before any job (data/own.py check_data).
+    Returns each one's training size as far as it is known before the data are read."""
+    own, sizes = config.get("own_tasks") or {}, {}
     for name in dict.fromkeys(task for backbone in config["backbones"].values() for task in backbone["tasks"]):
         if name in own:
             try:
-                check_data(name, own[name])
+                sizes[name] = check_data(name, own[name])
             except OwnTaskError as error:
                 raise ConfigError(str(error)) from None
+    return sizes
 
 
 def _check_results_folder(config):
@@ -428,7 +444,7 @@ def _check_overrides(where, overrides, schema):
         jsonschema.validate(overrides, schema)
     except jsonschema.ValidationError as error:
         field = ".".join(str(p) for p in error.absolute_path)
-        raise ConfigError(f"{where}{'.' + field if field else ''}: {error.message}") from None
+        raise ConfigError(f"{where}{'.' + field if field else ''}: {error.message}{_what_to_give(error)}") from None
 
 
 def _check_finetune_overrides(config):
@@ -438,7 +454,17 @@ def _check_finetune_overrides(config):
     for name, backbone in config["backbones"].items():
         entry = dict(backbone.get("finetune", {}))
         by_method = entry.pop("by_method", {})
+        by_task = entry.pop("by_task", {})
         _check_overrides(f"backbones.{name}.finetune", entry, schema)
+        _check_overrides(f"backbones.{name}.finetune.by_task", by_task, {
+            "type": "object", "additionalProperties": {
+                "type": "object", "additionalProperties": False, "required": ["batch_size"],
+                "properties": {"batch_size": schema["properties"]["batch_size"]}}})
+        for task in by_task:
+            if task not in backbone["tasks"]:
+                raise ConfigError(f"backbones.{name}.finetune.by_task.{task}: {task!r} is not one of the backbone's "
+                                  f"tasks ({', '.join(backbone['tasks'])}); a task's own batch size goes under the "
+                                  "backbone that trains it")
         for method, overrides in by_method.items():
             if method not in METHODS:
                 raise ConfigError(f"backbones.{name}.finetune.by_method: unknown method {method!r}; known: "

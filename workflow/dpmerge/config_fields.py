@@ -51,15 +51,20 @@ def released_budgets(config: dict, backbone: str, method: str) -> list[float]:
     return sorted({eps_label(e): float(e) for e in budgets}.values())
 
 
-def finetune_settings(config: dict, backbone: str, method: str) -> dict:
+def finetune_settings(config: dict, backbone: str, method: str, task: str | None = None) -> dict:
     """A method's fine-tuning settings on a backbone: global < global by_method[method] < the backbone's finetune <
-    the backbone's by_method[method] (the schema has filled in the defaults)."""
+    the backbone's by_method[method] < (given a task) the backbone's by_task[task], which sets a batch size only
+    (the schema has filled in the defaults)."""
     merged = {}
-    for level in (config["finetune"], config["backbones"][backbone].get("finetune", {})):
+    backbone_level = config["backbones"][backbone].get("finetune", {})
+    for level in (config["finetune"], backbone_level):
         level = dict(level)
         by_method = level.pop("by_method", {})
+        level.pop("by_task", None)
         merged.update(level)
         merged.update(by_method.get(method, {}))
+    if task is not None:
+        merged.update((backbone_level.get("by_task") or {}).get(task, {}))
     return merged
 
 

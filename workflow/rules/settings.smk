@@ -184,14 +184,14 @@ def own_task_argument(wildcards):
     return f"--own-task {shlex.quote(json.dumps(absolute, sort_keys=True))}"
 
 
-def finetune_settings(backbone, method):
-    return configured_finetune_settings(config, backbone, method)
+def finetune_settings(backbone, method, task=None):
+    return configured_finetune_settings(config, backbone, method, task)
 
 
 def finetune_hparams(wildcards):
     """The release group's settings, with the study's privacy settings (how the mechanism draws and which
     neighbouring relation it is calibrated for); a sensitivity label's value overrides them last."""
-    settings = finetune_settings(wildcards.backbone, method_of(wildcards.method))
+    settings = finetune_settings(wildcards.backbone, method_of(wildcards.method), wildcards.task)
     # whether a logged release may be replaced is the workflow's permission, not a setting of the mechanism
     settings.update({k: v for k, v in config["privacy"].items() if k != "replace_releases"})
     public_n = settings.get("public_n")

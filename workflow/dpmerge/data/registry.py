@@ -58,6 +58,10 @@ class TaskSpec:
     # Tasks built from the same private records (bbc_sentence_topic reads bbc_same_topic's articles): one study may
     # train on one of them only, and neither is public data beside the other (records_overlap)
     shares_records_with: tuple[str, ...] = ()
+    # Examples in the full training split of an embedded task (before data.max_train), so that the config check
+    # can hold a batch size and delta against N before any job; None for data-directory tasks (counted when read).
+    # tests/test_tasks.py holds every value to the loader.
+    train_size: int | None = None
 
     @property
     def is_regression(self) -> bool:
@@ -97,6 +101,7 @@ _BBC_LICENCE = (
 _EMBEDDED_SPECS = [
     TaskSpec(
         name="digits",
+        train_size=1438,
         modality="vision",
         input_kind="image",
         num_classes=10,
@@ -110,6 +115,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="mnist1d",
+        train_size=4000,
         modality="vision",
         input_kind="image",
         num_classes=10,
@@ -123,6 +129,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="mnist5k",
+        train_size=4000,
         modality="vision",
         input_kind="image",
         num_classes=10,
@@ -135,6 +142,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="textures",
+        train_size=1500,
         modality="vision",
         input_kind="image",
         num_classes=5,
@@ -149,6 +157,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="photos",
+        train_size=1800,
         modality="vision",
         input_kind="image",
         num_classes=6,
@@ -166,6 +175,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="lfw",
+        train_size=150,
         modality="vision",
         input_kind="image",
         num_classes=2,
@@ -179,6 +189,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="bbc_topic",
+        train_size=958,
         modality="text",
         input_kind="single",
         num_classes=5,
@@ -190,6 +201,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="tweet_sentiment",
+        train_size=4000,
         modality="text",
         input_kind="single",
         num_classes=3,
@@ -205,6 +217,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="bbc_same_topic",
+        train_size=2000,
         modality="text",
         input_kind="pair",
         num_classes=2,
@@ -219,6 +232,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="bbc_next_sentence",
+        train_size=1998,
         modality="text",
         input_kind="pair",
         num_classes=2,
@@ -231,6 +245,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="bbc_sentence_topic",
+        train_size=1861,
         modality="text",
         input_kind="single",
         num_classes=5,
@@ -244,6 +259,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="health_source",
+        train_size=4000,
         modality="text",
         input_kind="single",
         num_classes=4,
@@ -257,6 +273,7 @@ _EMBEDDED_SPECS = [
     ),
     TaskSpec(
         name="news_source",
+        train_size=1404,
         modality="text",
         input_kind="single",
         num_classes=4,
