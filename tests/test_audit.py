@@ -406,6 +406,14 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert mixing["combination_epsilon"] > 8.0 and 0 <= mixing["mixed_score"] <= 100
     mixed = results / "mixtures/taskvectors/effnet/eps6/naive_dp/s0/digits.safetensors"
     assert read_metadata(mixed)["mixture"]["component_epsilons"] == [4.0, 8.0]
+    # mixtures and combinations are logged as functions of their components, and the ledger above composed only
+    # the trained releases (6 for digits)
+    from dpmerge.privacy.release_log import read_entries
+
+    logged = {f["path"]: entry for entry in read_entries(results / "private/releases.jsonl") for f in entry["files"]}
+    for path in ("mixtures/taskvectors/effnet/eps6/naive_dp/s0/digits.safetensors",
+                 "mixtures/combined/taskvectors/effnet/eps8/naive_dp/s0/digits.safetensors"):
+        assert logged[path]["post_processing_of"], path
     # the combination: both seeds' releases at 4 averaged, at their composition, paired with seed 0's selection and
     # trained release at 8 (one pair: no interval)
     combined = table.iloc[1]

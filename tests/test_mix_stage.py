@@ -6,10 +6,12 @@ import math
 import pytest
 import torch
 
-from dpmerge.artifacts import load_tensors, read_metadata, save_released
+from dpmerge.artifacts import load_tensors, read_metadata, save_released, tensors_sha256
 from dpmerge.cli import main
 from dpmerge.privacy.accounting import calibrate_noise_multiplier
 from dpmerge.privacy.ledger import build_ledger, check_ledger
+from dpmerge.privacy.ledger_log import check_against_log
+from dpmerge.privacy.release_log import read_entries, relative_path
 from dpmerge.stages.mix import combine, draw_component, mix
 
 N, RATE, STEPS = 500, 0.1, 40
@@ -70,12 +72,35 @@ def test_the_ledger_catches_a_mixture_whose_record_claims_less_than_its_componen
     assert any("spends epsilon" in p for p in problems), problems
 
 
-def run_combine(tmp_path, components, target=2.0, weights=None, seed=0):
+def run_combine(tmp_path, components, target=2.0, weights=None, seed=0, release_log=None):
     vectors, heads = map(list, zip(*components))
     out_vector, out_head = tmp_path / "combined.safetensors", tmp_path / "combined_head.safetensors"
     combination = combine(task_vectors=vectors, heads=heads, target_epsilon=target, weights=weights, seed=seed,
-                          out_vector=str(out_vector), out_head=str(out_head))
+                          out_vector=str(out_vector), out_head=str(out_head), release_log=release_log)
     return combination, out_vector, out_head
+
+
+def test_mixtures_and_combinations_are_logged_as_functions_of_their_components_and_never_composed(tmp_path):
+    components = [release(tmp_path, 1.0), release(tmp_path, 8.0)]
+    _, mixed, _ = run_mix(tmp_path, components, target=3.0)
+    run_mix(tmp_path, components, target=3.0)  # the same mixture again: the same mechanism, logged again
+    log = tmp_path / "releases.jsonl"  # beside the study key the mixture drew from
+    repetitions = [release(tmp_path, 1.0, seed=s) for s in (1, 2)]
+    _, combined, _ = run_combine(tmp_path, repetitions, target=2.0, release_log=str(log))
+    entries = read_entries(log)
+    assert [sorted(e["post_processing_of"]) for e in entries] == [
+        sorted(relative_path(log, p) for pair in components for p in pair)] * 2 + [
+        sorted(relative_path(log, p) for pair in repetitions for p in pair)]
+    assert entries[0]["mechanism"] == entries[1]["mechanism"] != entries[2]["mechanism"]
+    logged = {f["path"]: f["tensors_sha256"] for e in entries for f in e["files"]}
+    for path in (mixed, combined):
+        assert logged[relative_path(log, path)] == tensors_sha256(load_tensors(path)[0])
+    # their components' budgets are composed already (each is a release of its own): the ledger adds nothing
+    assert check_against_log(log, entries, [])[1] == []
+    # a combination by hand without a log writes the same release and logs nothing
+    _, by_hand, _ = run_combine(tmp_path / "elsewhere", repetitions, target=2.0)
+    assert tensors_sha256(load_tensors(by_hand)[0]) == logged[relative_path(log, combined)]
+    assert len(read_entries(log)) == 3
 
 
 def independent_composition(records, delta):

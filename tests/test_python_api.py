@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from dpmerge.api import evaluate, merge, merged_budget, private_finetune
+from dpmerge.artifacts import load_tensors, read_metadata, tensors_sha256
 from dpmerge.cli import main
+from dpmerge.privacy.release_log import read_entries
 from workflow_runs import ROOT
 
 
@@ -61,6 +63,29 @@ def test_a_release_is_accounted_from_what_ran_and_the_encoder_returns_to_w0(task
                              epochs=2, batch_size=30, clip_norm=0.5, lr=0.05, log=None)
     assert torch.equal(again.task_vector["0.weight"], release.task_vector["0.weight"])  # keyed: reproducible
     assert not torch.equal(other.task_vector["0.weight"], release.task_vector["0.weight"])  # other task: fresh draws
+
+
+def test_a_saved_release_is_logged_beside_its_key_and_another_run_at_its_path_is_refused(task, tmp_path):
+    encoder, features, labels = task
+
+    def run(name):
+        return private_finetune(encoder, features, labels, task=name, epsilon=2.0, study_key=tmp_path / "key",
+                                epochs=1, batch_size=30, lr=0.05, log=None)
+
+    first, again, other = run("sign"), run("sign"), run("other")
+    paths = (tmp_path / "sign.safetensors", tmp_path / "sign_head.safetensors")
+    first.save(*paths)
+    again.save(*paths)  # the same run (same key and identity): the same release, logged again
+    entries = read_entries(tmp_path / "releases.jsonl")
+    assert len(entries) == 2 and entries[0]["mechanism"] == entries[1]["mechanism"]
+    assert {f["artifact"]: f["tensors_sha256"] for f in entries[0]["files"]}["task_vector"] == \
+        tensors_sha256(first.task_vector)
+    with pytest.raises(ValueError, match=r"was released before by another run.*save\(\.\.\., replace=True\)"):
+        other.save(*paths)
+    assert load_tensors(paths[0])[0]["0.weight"].equal(first.task_vector["0.weight"])  # nothing overwritten
+    other.save(*paths, replace=True)
+    assert len(read_entries(tmp_path / "releases.jsonl")) == 3  # the first release stays in the log
+    assert "mechanism" not in read_metadata(paths[0]) and "release_log" not in repr(other)
 
 
 def test_merge_and_evaluate_match_the_operator_and_w0_plus_tau(task, tmp_path):

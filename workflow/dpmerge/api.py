@@ -14,7 +14,7 @@ privatized with them. The encoder is left at its pretrained weights w0 after eve
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,8 +27,9 @@ from dpmerge.metrics import METRICS
 from dpmerge.models.base import Backbone, task_model_weights
 from dpmerge.models.evaluation import evaluate_head
 from dpmerge.privacy.release import check_release_group, merged_release_budget
-from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
-from dpmerge.training.finetune import FinetuneConfig
+from dpmerge.privacy.release_log import ReleaseLogError, check_replacement, publish, release_log_path
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
+from dpmerge.training.finetune import FinetuneConfig, mechanism_identity
 from dpmerge.training.finetune import finetune as train
 
 TaskVector = dict[str, torch.Tensor]
@@ -46,17 +47,33 @@ class Release:
     task_vector: TaskVector
     head: dict[str, torch.Tensor]
     record: dict
+    # private bookkeeping, never saved: the release log beside the study key the run drew from, and the run's
+    # keyed mechanism tag (privacy/release_log.py)
+    release_log: Path | None = field(default=None, repr=False, compare=False)
+    mechanism: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def epsilon(self) -> float:
         return float(self.record["spent_epsilon"])
 
-    def save(self, task_vector_path: str | Path, head_path: str | Path) -> None:
+    def save(self, task_vector_path: str | Path, head_path: str | Path, *, replace: bool = False) -> None:
         """The task vector and head as safetensors files with the record in their metadata, as `dpmerge finetune`
-        writes them: `dpmerge merge` and `dpmerge ledger` read them."""
+        writes them: `dpmerge merge` and `dpmerge ledger` read them. A release from `private_finetune` is logged
+        first in the release log beside its study key, as the pipeline's are: a file once written may be
+        published, so it counts in its dataset's budget for good. Saving another run's release where the log holds
+        one is refused unless `replace` (the earlier release stays in the log)."""
         identity = {"backbone": self.record.get("backbone", "module"), "task": self.task}
-        save_released(head_path, self.head, self.record, {**identity, "artifact": "head"})
-        save_released(task_vector_path, self.task_vector, self.record, {**identity, "artifact": "task_vector"})
+        files = [(head_path, self.head, "head"), (task_vector_path, self.task_vector, "task_vector")]
+        if self.release_log is None:  # a Release built by hand: no run, no log
+            for path, tensors, artifact in files:
+                save_released(path, tensors, self.record, {**identity, "artifact": artifact})
+            return
+        try:
+            check_replacement(self.release_log, [task_vector_path, head_path], self.mechanism, allowed=replace)
+        except ReleaseLogError as error:
+            raise ValueError(str(error).replace("privacy: {replace_releases: true} (or pass --replace-release)",
+                                                "save(..., replace=True)")) from None
+        publish(self.release_log, mechanism=self.mechanism, record=self.record, where=identity, files=files)
 
 
 class ModuleBackbone(Backbone):
@@ -155,15 +172,17 @@ def private_finetune(encoder: nn.Module, features, labels, *, task: str, epsilon
     backbone = ModuleBackbone(encoder, features, name)
     w0 = backbone.top_state()
     was_training = encoder.training
+    identity = {"backbone": name, "task": task, "method": method,
+                "backbone_settings": {"module": type(encoder).__name__}}
+    mechanism = mechanism_fingerprint(key, mechanism_identity(backbone, config, identity, features, labels))
     try:
-        result = train(backbone, num_classes, features, labels, config, study_key=key,
-                       identity={"backbone": name, "task": task, "method": method,
-                                 "backbone_settings": {"module": type(encoder).__name__}},
+        result = train(backbone, num_classes, features, labels, config, study_key=key, identity=identity,
                        log=log or (lambda message: None))
     finally:
         backbone.load_top_state(w0)  # the next task starts from the same w0
         encoder.train(was_training)
-    return Release(task, result.task_vector, result.head, {**result.record, "task": task, "backbone": name})
+    return Release(task, result.task_vector, result.head, {**result.record, "task": task, "backbone": name},
+                   release_log=release_log_path(study_key), mechanism=mechanism)
 
 
 def merge(task_vectors: list, operator: str = "task_arithmetic", **hyperparameters) -> TaskVector:

@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the combination's own repetition index")
     p.add_argument("--out-vector", required=True, help="the released task vector .safetensors")
     p.add_argument("--out-head", required=True, help="its head .safetensors")
+    p.add_argument("--release-log", default=None,
+                   help="the study's release log (<results>/private/releases.jsonl), where the combination is logged "
+                        "as a function of its components before it is written (default: not logged)")
 
     p = add("denoise", "denoise.denoise", "A released task vector denoised from the vector alone: each weight "
                                           "matrix's singular values "

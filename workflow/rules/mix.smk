@@ -83,7 +83,8 @@ rule combine:
         runtime="10m",
     shell:
         "dpmerge combine --task-vectors {input.vectors} --heads {input.heads} --target-epsilon {params.target} "
-        "--seed {params.seed} --out-vector {output.vector} --out-head {output.head} > {log} 2>&1"
+        "--seed {params.seed} --out-vector {output.vector} --out-head {output.head} "
+        f"--release-log {RELEASE_LOG} > {{log}} 2>&1"
 
 
 use rule mix_merge as combine_merge with:

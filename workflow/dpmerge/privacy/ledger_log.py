@@ -59,6 +59,8 @@ def check_against_log(log: str | Path, entries: list[dict],
         current.add((name, digest))
     folder, earlier, seen = results_folder(log), [], set()
     for entry in entries:
+        if "post_processing_of" in entry:
+            continue  # a mixture or combination: a function of logged releases, which are composed already
         for file in entry["files"]:
             key = (file["path"], file["tensors_sha256"])
             if file.get("artifact") != "task_vector" or key in current or key in seen:

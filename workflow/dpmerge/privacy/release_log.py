@@ -6,7 +6,8 @@ reruns the job, and people delete files; neither touches this log, which lives b
 `<results>/private/releases.jsonl` (mode 0600 in the 0700 folder: it holds keyed tags, and it is where a study's
 history is kept, not a release).
 
-One line per run that releases (a fine-tune's task vector and head, one mechanism): its files (each path relative
+One line per run that releases (a fine-tune's task vector and head, one mechanism; a mixture's or combination's,
+marked as post-processing of the releases it is a function of): its files (each path relative
 to the results folder and the SHA-256 of its tensors), the metadata the files carry (privacy record, backbone,
 task) and the run's mechanism tag (`study_key.mechanism_fingerprint` of its full identity, keyed, so it says
 nothing without the key). The same identity under the same key draws the same randomness and writes the same
@@ -68,10 +69,11 @@ def read_entries(log: str | Path) -> list[dict]:
 
 
 def earlier_releases_at(log: str | Path, paths: list[str | Path], mechanism: str) -> list[tuple[str, dict]]:
-    """(path, entry) for every logged release at one of `paths` made by another mechanism than `mechanism`."""
+    """(path, entry) for every logged release at one of `paths` made by another mechanism than `mechanism`
+    (mixtures and combinations, post-processing of logged releases, spend nothing of their own)."""
     wanted = {relative_path(log, path) for path in paths}
     return [(file["path"], entry) for entry in read_entries(log) if entry.get("mechanism") != mechanism
-            for file in entry["files"] if file["path"] in wanted]
+            and "post_processing_of" not in entry for file in entry["files"] if file["path"] in wanted]
 
 
 def check_replacement(log: str | Path, paths: list[str | Path], mechanism: str, *, allowed: bool) -> None:
@@ -90,7 +92,8 @@ def check_replacement(log: str | Path, paths: list[str | Path], mechanism: str, 
             "configuration it was made with, or write to another results folder.")
 
 
-def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict, settings: dict | None = None) -> None:
+def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict, settings: dict | None = None,
+           post_processing_of: list[str] | None = None) -> None:
     """Append one release to the log, durably (fsync), under an exclusive lock: parallel jobs of one study write
     whole lines. Called before the release's files are renamed into place, so a published file is always logged."""
     log = Path(log)
@@ -100,6 +103,8 @@ def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict
     entry = {"mechanism": mechanism, "files": files, "metadata": metadata}
     if settings is not None:
         entry["settings"] = settings
+    if post_processing_of is not None:
+        entry["post_processing_of"] = post_processing_of
     line = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str) + "\n"
     descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
@@ -114,15 +119,19 @@ def append(log: str | Path, *, mechanism: str, files: list[dict], metadata: dict
 
 
 def publish(log: str | Path, *, mechanism: str, record: dict, where: dict,
-            files: list[tuple[str | Path, dict, str]], settings: dict | None = None) -> None:
+            files: list[tuple[str | Path, dict, str]], settings: dict | None = None,
+            post_processing_of: list[str | Path] | None = None) -> None:
     """Release one run's files: each (path, tensors, artifact) with the run's record, `where` (backbone, task)
     and the SHA-256 of its own tensors in its metadata, logged first, then written (each atomically). `settings`
-    (the run's settings as the workflow gave them) are logged too, for `changed_settings`."""
+    (the run's settings as the workflow gave them) are logged too, for `changed_settings`. `post_processing_of`:
+    the logged releases a mixture or combination is a function of; its entry is kept (its files are checked like
+    any release's) but never composed, since those releases are composed already."""
     from dpmerge.artifacts import check_privacy_record, save_released, tensors_sha256
 
     check_privacy_record(record, str(files[0][0]))
     hashes = [tensors_sha256(tensors) for _, tensors, _ in files]
-    append(log, mechanism=mechanism, metadata={**record, **where}, settings=settings,
+    sources = None if post_processing_of is None else [relative_path(log, path) for path in post_processing_of]
+    append(log, mechanism=mechanism, metadata={**record, **where}, settings=settings, post_processing_of=sources,
            files=[{"path": relative_path(log, path), "artifact": artifact, "tensors_sha256": digest}
                   for (path, _, artifact), digest in zip(files, hashes)])
     for (path, tensors, artifact), digest in zip(files, hashes):

@@ -7,18 +7,21 @@ composition of all of them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import numpy as np
 import pandas as pd
 import torch
 
-from dpmerge.artifacts import PRIVACY_FIELDS, load_tensors, read_metadata, save_released
+from dpmerge.artifacts import PRIVACY_FIELDS, RELEASE_HASH, load_tensors, read_metadata, save_released
 from dpmerge.privacy.accounting import accounted_size
 from dpmerge.privacy.mixing import check_components, combination_epsilon, mixture_record_epsilon, plan_selection
 from dpmerge.privacy.randomness import MechanismRandomness
 from dpmerge.privacy.release import checked_release_records
-from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+from dpmerge.privacy.release_log import publish, release_log_path
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
 from dpmerge.report.mixing import mixing_summary, plot_mixing, write_mixing_table
 from dpmerge.stages.common import log
 
@@ -103,8 +106,11 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
     record.update(target_epsilon=float(target_epsilon), spent_epsilon=selection.epsilon, delta=delta,
                   accountant="pld_mixture", mixture=mixture)
     where = {"backbone": first["backbone"], "task": first["task"]}
-    save_released(out_head, head, record, {**where, "artifact": "head"})
-    save_released(out_vector, tensors, record, {**where, "artifact": "task_vector"})
+    # logged beside the key that drew it, before it is published, as a function of its components (whose budgets
+    # the ledger composes already): a release is forever, and its file is checked against the log like any other
+    publish(release_log_path(study_key), mechanism=mechanism_fingerprint(key, identity), record=record, where=where,
+            files=[(out_head, head, "head"), (out_vector, tensors, "task_vector")],
+            post_processing_of=[*task_vectors, *heads])
     log(f"[mix] {first['task']}: p = {[round(p, 4) for p in selection.probabilities]} over budgets "
         f"{mixture['component_epsilons']} meets epsilon {selection.epsilon:.3f} <= {target_epsilon:g} at delta "
         f"{delta:.3g}; released {out_vector}")
@@ -112,11 +118,13 @@ def mix(*, task_vectors: list[str], heads: list[str], target_epsilon: float, del
 
 
 def combine(*, task_vectors: list[str], heads: list[str], target_epsilon: float, weights: list[float] | None,
-            seed: int, out_vector: str, out_head: str) -> dict:
+            seed: int, out_vector: str, out_head: str, release_log: str | None = None) -> dict:
     """Release sum_i a_i w_i (task vectors and heads alike) of independent repetitions of one task's release at one
     budget: post-processing of releasing them all, so it spends their composition, which must meet
     `target_epsilon` at the components' delta. Default weights: 1/k each. `seed` is the combination's own
-    repetition index (its components' seeds are recorded). Returns the combination's record entry."""
+    repetition index (its components' seeds are recorded). `release_log`: the study's log, where the combination is
+    logged as a function of its components (none: not logged; a combination draws no randomness, so it reads no
+    key to find the log beside). Returns the combination's record entry."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"--target-epsilon must be a positive number, got {target_epsilon}")
     records = _components(task_vectors, heads, agree=("task", "backbone", "method", "target_epsilon"))
@@ -158,8 +166,16 @@ def combine(*, task_vectors: list[str], heads: list[str], target_epsilon: float,
     record.update(target_epsilon=float(target_epsilon), spent_epsilon=epsilon, delta=delta, seed=int(seed),
                   accountant=f"{first['accountant']}_composition", mixture=combination)
     where = {"backbone": first["backbone"], "task": first["task"]}
-    save_released(out_head, average(heads), record, {**where, "artifact": "head"})
-    save_released(out_vector, average(task_vectors), record, {**where, "artifact": "task_vector"})
+    files = [(out_head, average(heads), "head"), (out_vector, average(task_vectors), "task_vector")]
+    if release_log is None:
+        for path, tensors, artifact in files:
+            save_released(path, tensors, record, {**where, "artifact": artifact})
+    else:
+        # deterministic and public given its components: its identity is what it is a function of, and how
+        identity = json.dumps({"mechanism": "combine", "components": [r.get(RELEASE_HASH) for r in records],
+                               "weights": weights, "seed": int(seed)}, sort_keys=True)
+        publish(release_log, mechanism="combine:" + hashlib.sha256(identity.encode()).hexdigest(), record=record,
+                where=where, files=files, post_processing_of=[*task_vectors, *heads])
     log(f"[combine] {first['task']}: {len(records)} releases at epsilon {first['target_epsilon']} (seeds {seeds}), "
         f"weights {[round(a, 4) for a in weights]}, spend {epsilon:.3f} <= {target_epsilon:g} at delta {delta:.3g}; "
         f"released {out_vector}")
