@@ -8,7 +8,7 @@ import yaml
 
 from dpmerge.config_check import ConfigError, check_config
 from dpmerge.config_fields import finetune_settings
-from dpmerge.config_sampling import training_size
+from dpmerge.config_sampling import check_limits, sampling_limits, training_size
 from dpmerge.data.loading import _full_split, load_task
 from dpmerge.data.own import check_data
 from dpmerge.data.registry import EMBEDDED_TASKS, PAPER_TASKS, TASKS
@@ -121,3 +121,50 @@ def test_a_tasks_own_batch_size_reaches_its_fine_tunes_and_leaves_the_others_unc
         else:
             assert hparams == before[vector], vector
 
+
+
+def _parquet_task(tmp_path, rows=10):
+    import pandas as pd
+
+    pd.DataFrame({"text": [f"words number {i}" for i in range(rows)], "label": ["ab"[i % 2] for i in range(rows)]}
+                 ).to_parquet(tmp_path / "mine.parquet")
+    pd.DataFrame({"text": ["a b", "c d"], "label": ["a", "b"]}).to_parquet(tmp_path / "mine_test.parquet")
+    return {"table": str(tmp_path / "mine.parquet"), "test": str(tmp_path / "mine_test.parquet")}
+
+
+def test_prepare_refuses_what_only_reading_the_data_shows_before_any_fine_tune(tmp_path):
+    """An own Parquet table is counted when read: the check passes it, the workflow's prepare refuses the batch
+    size (naming the field and the fix) and no fine-tune of the task starts."""
+    config = _config()
+    config["own_tasks"] = {"mine": _parquet_task(tmp_path, rows=6)}
+    config["backbones"] = {"minilm": {**config["backbones"]["minilm"], "tasks": ["mine"]}}
+    config["backbones"]["minilm"].pop("public_data")
+    config["merge"] = {"weight_averaging": {}, "task_arithmetic": {}, "ties": {}}
+    config["sweeps"] = {}
+    config["diagnostics"] = {}
+    check_config(yaml.safe_load(yaml.safe_dump(config)))  # N unknown here
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(tmp_path)
+    assert result.returncode != 0
+    log = (tmp_path / "results/logs/prepare/minilm/mine.log").read_text()
+    assert "finetune.batch_size: 8 exceeds task 'mine''s 6 training examples (as read by prepare)" in log, log
+    assert not list((tmp_path / "results").glob("logs/finetune/**/*.log"))
+    assert not list((tmp_path / "results").glob("taskvectors/**/*.safetensors"))
+    # the same limits from the stage itself, and a delta above 1/N
+    limits = sampling_limits(check_and_return(config), "minilm", "mine")
+    assert list(limits["batch_size"]) == [8, "finetune.batch_size"]
+    assert sampling_limits(check_and_return(_config()), "effnet", "lfw") == {}  # public data: nothing trains on it
+    check_limits({}, 1)
+    with pytest.raises(ConfigError, match=r"finetune\.batch_size: 8 exceeds task 'mine''s 6 training examples "
+                                          r"\(as read by prepare\); give at most 6, or that task its own batch "
+                                          r"size: backbones\.minilm\.finetune\.by_task\.mine\.batch_size"):
+        check_limits(limits, 6)
+    config["finetune"]["delta"] = 0.05
+    with pytest.raises(ConfigError, match=r"finetune\.delta: 0\.05 exceeds 1/N = 0\.0333333 for task 'mine'"):
+        check_limits(sampling_limits(check_and_return(config), "minilm", "mine"), 30)
+
+
+def check_and_return(config):
+    config = yaml.safe_load(yaml.safe_dump(config))
+    check_config(config)
+    return config

@@ -32,7 +32,7 @@ ROOMS_BELOW = {
     # dpmerge from Python (a notebook's face): the library's rooms, no stages, no results folders
     "api": {"training", "privacy", "merge", "models", "artifacts", "metrics", "methods", "runtime"},
     "stages": {"privacy", "merge", "checkpoints", "diagnostics", "report", "training", "models", "data", "artifacts",
-               "metrics", "epsilon", "methods", "runtime"},
+               "metrics", "epsilon", "methods", "runtime", "config_sampling"},
     # the config check reads only the torch-free registries (the catalog test below holds it to that)
     "config_check": {"config_studies", "config_fields", "config_sampling", "data", "epsilon", "methods", "merge",
                      "models", "training"},
@@ -42,8 +42,8 @@ ROOMS_BELOW = {
     "config_studies": {"config_fields", "epsilon", "methods", "merge"},
     "config_fields": {"epsilon", "merge"},  # what the config checks share: their error, merge entries, budgets
     # the Snakefile's view: only the torch-free registries and helpers of the rooms it names
-    "catalog": {"config_check", "config_fields", "config_studies", "epsilon", "methods", "models", "training", "data",
-                "merge", "report", "privacy"},
+    "catalog": {"config_check", "config_fields", "config_sampling", "config_studies", "epsilon", "methods", "models",
+                "training", "data", "merge", "report", "privacy"},
     "diagnostics": {"models", "artifacts", "metrics", "runtime"},
     "report": {"artifacts", "epsilon", "methods", "runtime"},
     "merge": {"checkpoints", "artifacts", "epsilon", "runtime"},  # pure tensor code: no data, privacy, training

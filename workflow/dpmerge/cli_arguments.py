@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validation-fraction", type=float, default=None,
                    help="hold this fraction of the training subset out as the evaluation split and never read the "
                         "test split (the budget protocol; default: evaluate on the test split)")
+    p.add_argument("--sampling-limits", type=json_object, default=None,
+                   help="the largest batch size and delta the task's fine-tunes use, with the config fields that set "
+                        "them, refused here (before any fine-tune) when N, read here, is too small for them (the "
+                        "workflow passes them; default: no check)")
 
     p = add("zeroshot-head", "prepare.zeroshot_head",
             "CLIP zero-shot head of one task: text embeddings of its class names in the task's prompt templates.")

@@ -5,8 +5,9 @@ explicit delta may not exceed 1/N (a larger delta admits mechanisms that publish
 N is known before any job for the embedded tasks (the registry's `train_size`) and for own CSV or JSON-lines tables
 and image folders (data/own.py check_data counts them: exactly where the test split is its own file or folder, as
 an upper bound where a fraction is held out, so only the batch size is checked there). The paper's datasets, own
-Parquet tables and saved datasets are counted when read: the fine-tune refuses the same settings there, before it
-trains (training/finetune.py sampling_plan).
+Parquet tables and saved datasets are counted when read: `prepare`, which reads every task before its fine-tunes,
+is given each task's largest batch size and delta (`sampling_limits`) and refuses them there, naming the field; the
+fine-tune checks again before it trains (training/finetune.py sampling_plan).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dpmerge.data.own import TrainingSize
 from dpmerge.data.registry import TASKS
 from dpmerge.methods import METHODS
 
-__all__ = ["training_size", "check_sampling"]
+__all__ = ["training_size", "check_sampling", "sampling_limits", "check_limits"]
 
 
 def training_size(config: dict, task: str, own_sizes: dict[str, TrainingSize | None]) -> TrainingSize | None:
@@ -58,42 +59,87 @@ def check_sampling(config: dict, own_sizes: dict[str, TrainingSize | None]) -> N
     """Refuse, naming the field and the largest value that fits, a batch size above a task's N or an explicit
     delta above 1/N, for every method's settings on every task a backbone trains (and the noise study's batch
     sizes)."""
-    public_n = config["privacy"].get("public_n") if config["privacy"].get("neighbouring") == "add_remove" else None
     noise = config.get("noise_scale") or {}
     noise_backbones = (noise.get("backbones") or list(config["backbones"])) if noise.get("methods") else []
     for backbone, entry in config["backbones"].items():
         for task in entry["tasks"]:
             size = training_size(config, task, own_sizes)
-            if size is None:
-                continue
-            examples = f"{size.upper} training examples" if size.exact else \
-                f"training examples (at most {size.upper})"
             for method in METHODS:
                 settings = finetune_settings(config, backbone, method, task)
-                batch = settings["batch_size"]
-                if batch > size.upper:
-                    field = _field_of(config, backbone, method, task, "batch_size")
-                    raise ConfigError(
-                        f"{field}: {batch:g} exceeds task {task!r}'s {examples}{_sizes_note(config)} ({method} on "
-                        f"{backbone}); give at most "
-                        f"{size.upper}, or that task its own batch size: backbones.{backbone}.finetune.by_task."
-                        f"{task}.batch_size")
-                delta = settings.get("delta")
-                if delta is None or not METHODS[method].private or not size.exact:
-                    continue
-                population = public_n.get(task) if isinstance(public_n, dict) else public_n
-                population, name = (population, "public_n") if population else (size.upper, "N")
-                if delta > (1.0 / population) * (1 + 1e-9):
-                    field = _field_of(config, backbone, method, task, "delta")
-                    raise ConfigError(
-                        f"{field}: {delta:g} exceeds 1/{name} = {1.0 / population:.6g} for task {task!r} "
-                        f"({name} = {population}; {method} on {backbone}); a larger delta admits a mechanism that "
-                        f"publishes one whole example. Give at most {1.0 / population:.6g}, or leave delta unset "
-                        "(1/N, the paper's)")
-            if backbone in noise_backbones:
-                too_large = [b for b in noise["batch_sizes"] if b > size.upper]
-                if too_large:
-                    raise ConfigError(
-                        f"noise_scale.batch_sizes: {too_large[0]:g} exceeds task {task!r}'s {examples} on "
-                        f"{backbone}{_sizes_note(config)}; give values of at most "
-                        f"{size.upper}")
+                if size is not None and settings["batch_size"] > size.upper:
+                    raise ConfigError(f"{_field_of(config, backbone, method, task, 'batch_size')}: "
+                                      f"{settings['batch_size']:g} exceeds {_examples(config, task, size)} ({method} "
+                                      f"on {backbone}); give at most {size.upper}, or that task its own batch size: "
+                                      f"backbones.{backbone}.finetune.by_task.{task}.batch_size")
+                if settings.get("delta") is not None and METHODS[method].private:
+                    _check_delta(config, backbone, method, task, settings["delta"], size)
+            too_large = [b for b in noise["batch_sizes"] if size is not None and b > size.upper] \
+                if backbone in noise_backbones else []
+            if too_large:
+                raise ConfigError(f"noise_scale.batch_sizes: {too_large[0]:g} exceeds {_examples(config, task, size)} "
+                                  f"on {backbone}; give values of at most {size.upper}")
+
+
+def _examples(config: dict, task: str, size: TrainingSize) -> str:
+    counted = f"{size.upper} training examples" if size.exact else f"training examples (at most {size.upper})"
+    return f"task {task!r}'s {counted}{_sizes_note(config)}"
+
+
+def _check_delta(config: dict, backbone: str, method: str, task: str, delta: float, size: TrainingSize | None):
+    """delta <= 1/public_n under add/remove with a public size (known whatever N is), else <= 1/N where N is
+    known exactly before any job."""
+    population, name = _public_n(config, task), "public_n"
+    if population is None:
+        if size is None or not size.exact:
+            return  # prepare checks it once it has read the data
+        population, name = size.upper, "N"
+    if delta > (1.0 / population) * (1 + 1e-9):
+        raise ConfigError(
+            f"{_field_of(config, backbone, method, task, 'delta')}: {delta:g} exceeds 1/{name} = "
+            f"{1.0 / population:.6g} for task {task!r} ({name} = {population}; {method} on {backbone}); a larger delta "
+            f"admits a mechanism that publishes one whole example. Give at most {1.0 / population:.6g}, or leave "
+            "delta unset (1/N, the paper's)")
+
+
+def _public_n(config: dict, task: str):
+    public_n = config["privacy"].get("public_n") if config["privacy"].get("neighbouring") == "add_remove" else None
+    return public_n.get(task) if isinstance(public_n, dict) else public_n
+
+
+def sampling_limits(config: dict, backbone: str, task: str) -> dict:
+    """What `prepare` holds against a task's N once it has read the data: the largest expected batch size any
+    fine-tune of the task uses and the largest explicit delta of a private one (with the config fields that set
+    them), and whether delta is bounded by 1/N (not under add/remove with a public size). Empty for a dataset the
+    backbone only reads (its public data): nothing is fine-tuned on it."""
+    if task not in config["backbones"][backbone]["tasks"]:
+        return {}
+    noise = config.get("noise_scale") or {}
+    noise_backbones = (noise.get("backbones") or list(config["backbones"])) if noise.get("methods") else []
+    batches = [(finetune_settings(config, backbone, method, task)["batch_size"],
+                _field_of(config, backbone, method, task, "batch_size")) for method in METHODS]
+    if backbone in noise_backbones:
+        batches += [(b, "noise_scale.batch_sizes") for b in noise["batch_sizes"]]
+    deltas = [(settings["delta"], _field_of(config, backbone, method, task, "delta")) for method in METHODS
+              if METHODS[method].private
+              and (settings := finetune_settings(config, backbone, method, task)).get("delta") is not None]
+    return {"backbone": backbone, "task": task, "batch_size": max(batches, key=lambda b: b[0]),
+            "delta": max(deltas, key=lambda d: d[0]) if deltas else None,
+            "delta_bounded_by_n": _public_n(config, task) is None}
+
+
+def check_limits(limits: dict, num_examples: int) -> None:
+    """`sampling_limits` against the N that `prepare` read: one line naming the field and the fix."""
+    if not limits:
+        return
+    task, backbone = limits["task"], limits["backbone"]
+    batch, field = limits["batch_size"]
+    if batch > num_examples:
+        raise ConfigError(f"{field}: {batch:g} exceeds task {task!r}'s {num_examples} training examples (as read by "
+                          f"prepare); give at most {num_examples}, or that task its own batch size: "
+                          f"backbones.{backbone}.finetune.by_task.{task}.batch_size")
+    if limits["delta"] is not None and limits["delta_bounded_by_n"]:
+        delta, field = limits["delta"]
+        if delta > (1.0 / num_examples) * (1 + 1e-9):
+            raise ConfigError(f"{field}: {delta:g} exceeds 1/N = {1.0 / num_examples:.6g} for task {task!r} "
+                              f"(N = {num_examples}, as read by prepare); give at most {1.0 / num_examples:.6g}, or "
+                              "leave delta unset (1/N, the paper's)")

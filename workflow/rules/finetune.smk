@@ -49,12 +49,13 @@ rule prepare:
         mem_mb=backbone_resource("mem_mb", 4000),
         runtime=backbone_resource("runtime", "30m"),
         gpu=gpus,
+        sampling_limits=sampling_limits,
     shell:
         "export DPMERGE_GPU_JOB={resources.gpu}; "
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
         "--data-seed {params.seed} {params.validation} "
-        f"{DATA_DIR_ARGUMENT} {{params.own_task}} "
+        f"{DATA_DIR_ARGUMENT} {{params.own_task}} --sampling-limits {{resources.sampling_limits:q}} "
         "--workers {threads} --threads {threads} --out {output} > {log} 2>&1"
 
 

@@ -21,6 +21,7 @@ from dpmerge.catalog import (
     changed_settings,
     check_config,
     configured_finetune_settings,
+    configured_sampling_limits,
     eps_label,
     epsilon_of_label,
     epsilon_sweep_table_caption,
@@ -186,6 +187,13 @@ def own_task_argument(wildcards):
 
 def finetune_settings(backbone, method, task=None):
     return configured_finetune_settings(config, backbone, method, task)
+
+
+def sampling_limits(wildcards):
+    """A task's largest batch size and delta, which `prepare` holds against the N it reads (a resource, not a
+    param: the check changes no output, so it reruns nothing)."""
+    limits = configured_sampling_limits(config, wildcards.backbone, wildcards.task)
+    return json.dumps(limits, sort_keys=True, separators=(",", ":"))
 
 
 def finetune_hparams(wildcards):

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dpmerge.artifacts import load_prepared, save_prepared, save_tensors, tensors_sha256
+from dpmerge.config_sampling import check_limits
 from dpmerge.data.loading import load_task
 from dpmerge.data.paper import download
 from dpmerge.data.registry import GLUE_TASKS, VISION_TASKS
@@ -23,11 +24,14 @@ from dpmerge.stages.common import log
 
 def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_train: int | None = None,
             max_test: int | None = None, data_seed: int = 0, data_dir: str | None = None, workers: int = 1,
-            validation_fraction: float | None = None, own_task: dict | None = None) -> None:
+            validation_fraction: float | None = None, own_task: dict | None = None,
+            sampling_limits: dict | None = None) -> None:
     """Load a task, run the frozen trunk once over it, save features and labels (artifacts.save_prepared).
     `own_task`: the config's entry of a researcher's own task (data/own.py), read from its files.
     With `validation_fraction` the evaluation split is held out of the training subset (data.loading).
-    `max_train`, `max_test`: caps on the seeded subsets (None or 0: no cap)."""
+    `max_train`, `max_test`: caps on the seeded subsets (None or 0: no cap). `sampling_limits`
+    (config_sampling.sampling_limits): the task's largest batch size and delta, refused against the N read here,
+    before any of its fine-tunes runs and before the trunk's work."""
     network = backbone_from_spec(backbone_spec)
     started = time.time()
     data = load_task(
@@ -38,6 +42,8 @@ def prepare(*, backbone: str, backbone_spec: dict, task: str, out: str, max_trai
     if data.spec.modality != network.modality:
         raise ValueError(f"task {task!r} is a {data.spec.modality} task but backbone {backbone!r} is a "
                          f"{network.modality} backbone")
+    if sampling_limits is not None:
+        check_limits(sampling_limits, len(data.train_labels))
     evaluated_on = "test" if validation_fraction is None else "validation"
     log(f"[prepare] {task}: {len(data.train_labels)} train / {len(data.test_labels)} {evaluated_on} examples")
     with compute_section("trunk features", log):
