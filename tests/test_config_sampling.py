@@ -2,6 +2,8 @@
 own batch size reaches its fine-tunes only."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -10,9 +12,10 @@ from dpmerge.config_check import ConfigError, check_config
 from dpmerge.config_fields import finetune_settings
 from dpmerge.config_sampling import check_limits, sampling_limits, training_size
 from dpmerge.data.loading import _full_split, load_task
-from dpmerge.data.own import check_data
+from dpmerge.data.own_readers import training_examples
 from dpmerge.data.registry import EMBEDDED_TASKS, PAPER_TASKS, TASKS
 from test_pipeline import TINY, planned_jobs, snakemake
+from workflow_runs import snakemake_env
 
 
 @pytest.mark.parametrize("name", EMBEDDED_TASKS)
@@ -30,39 +33,56 @@ def test_the_checks_n_is_the_n_the_loader_trains_on(data):
     config = {"data": data}
     loaded = load_task("textures", image_size=4, max_train=data["max_train"],
                        validation_fraction=data.get("validation_fraction"))
-    size = training_size(config, "textures", {})
-    assert size.exact and size.upper == len(loaded.train_labels)
+    assert training_size(config, "textures", {}) == len(loaded.train_labels)
 
 
-def test_own_tasks_are_counted_exactly_with_their_own_test_split_and_bounded_without(tmp_path):
-    rows = "text,label\n" + "".join(f"w{i} x,{'ab'[i % 2]}\n" for i in range(30))
-    (tmp_path / "train.csv").write_text(rows)
-    (tmp_path / "test.csv").write_text(rows[:40])
-    exact = check_data("mine", {"table": str(tmp_path / "train.csv"), "test": str(tmp_path / "test.csv")})
-    bounded = check_data("mine", {"table": str(tmp_path / "train.csv")})
-    assert (exact.upper, exact.exact) == (30, True) and (bounded.upper, bounded.exact) == (30, False)
-    assert check_data("mine", {"table": str(tmp_path / "t.parquet")}) is None  # read by prepare
+def _table(tmp_path, rows=30):
+    (tmp_path / "mine.csv").write_text("text,label\n" + "".join(f"w{i} x,{'ab'[i % 2]}\n" for i in range(rows)))
+    return {"table": str(tmp_path / "mine.csv")}
+
+
+def test_an_own_tasks_n_is_what_prepare_reads_with_its_held_out_fraction(tmp_path):
+    entry = _table(tmp_path)
+    loaded = load_task("mine", image_size=4, own=entry)
+    assert training_examples("mine", entry) == len(loaded.train_labels) == 24  # 30 rows, 0.2 of each class out
 
 
 def _config():
     return yaml.safe_load(yaml.safe_dump(TINY))
 
 
-def test_a_bounded_own_task_refuses_only_a_batch_above_its_bound(tmp_path):
-    (tmp_path / "mine.csv").write_text("text,label\n" + "".join(f"w{i} x,{'ab'[i % 2]}\n" for i in range(30)))
+def test_an_own_tasks_batch_and_delta_are_held_against_its_n_before_any_job(tmp_path):
     config = _config()
-    config["own_tasks"] = {"mine": {"table": str(tmp_path / "mine.csv")}}
+    config["own_tasks"] = {"mine": _table(tmp_path)}
     config["backbones"]["minilm"]["tasks"] = ["bbc_topic", "mine"]
-    # 30 rows, 24 of them trained on after the 0.2 hold-out: a batch of 30 is refused by the job, not here
-    config["backbones"]["minilm"]["finetune"] = {"batch_size": 30}
-    check_config(config)
+    config["backbones"]["minilm"]["finetune"] = {"by_task": {"mine": {"batch_size": 24}}}
+    check_config(yaml.safe_load(yaml.safe_dump(config)))
+    config["backbones"]["minilm"]["finetune"] = {"by_task": {"mine": {"batch_size": 25}}}
+    with pytest.raises(ConfigError, match=r"backbones\.minilm\.finetune\.by_task\.mine\.batch_size: 25 exceeds "
+                                          r"task 'mine''s 24 training examples \(after data\.max_train\)"):
+        check_config(yaml.safe_load(yaml.safe_dump(config)))
+    config["backbones"]["minilm"]["tasks"] = ["mine"]
+    config["backbones"]["minilm"]["finetune"] = {"by_method": {"dp_merging": {"delta": 0.05}}}
+    with pytest.raises(ConfigError, match=r"backbones\.minilm\.finetune\.by_method\.dp_merging\.delta: 0\.05 "
+                                          r"exceeds 1/N = 0\.0416667 for task 'mine'"):
+        check_config(yaml.safe_load(yaml.safe_dump(config)))
+
+
+def test_an_unreadable_own_image_is_refused_before_any_job_and_jobs_do_not_read_the_data_again(tmp_path):
+    from PIL import Image
+
+    for label in ("a", "b"):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8)).save(tmp_path / "images" / label / f"{i}.png")
+    (tmp_path / "images" / "b" / "broken.png").write_bytes(b"not a png")
     config = _config()
-    config["own_tasks"] = {"mine": {"table": str(tmp_path / "mine.csv")}}
-    config["backbones"]["minilm"]["tasks"] = ["bbc_topic", "mine"]
-    config["backbones"]["minilm"]["finetune"] = {"batch_size": 31}
-    with pytest.raises(ConfigError, match=r"backbones\.minilm\.finetune\.batch_size: 31 exceeds task 'mine''s "
-                                          r"training examples \(at most 30\)"):
-        check_config(config)
+    config["own_tasks"] = {"mine": {"images": str(tmp_path / "images")}}
+    config["backbones"]["effnet"]["tasks"] = ["digits", "mine"]
+    config["finetune"]["batch_size"] = 4
+    with pytest.raises(ConfigError, match=r"broken\.png: not a readable image"):
+        check_config(yaml.safe_load(yaml.safe_dump(config)))
+    check_config(yaml.safe_load(yaml.safe_dump(config)), read_own_data=False)  # a job's parse: the main checked
 
 
 def test_a_delta_at_one_over_n_typed_as_a_decimal_passes_and_public_n_sets_the_bound():
@@ -123,34 +143,30 @@ def test_a_tasks_own_batch_size_reaches_its_fine_tunes_and_leaves_the_others_unc
 
 
 
-def _parquet_task(tmp_path, rows=10):
-    import pandas as pd
-
-    pd.DataFrame({"text": [f"words number {i}" for i in range(rows)], "label": ["ab"[i % 2] for i in range(rows)]}
-                 ).to_parquet(tmp_path / "mine.parquet")
-    pd.DataFrame({"text": ["a b", "c d"], "label": ["a", "b"]}).to_parquet(tmp_path / "mine_test.parquet")
-    return {"table": str(tmp_path / "mine.parquet"), "test": str(tmp_path / "mine_test.parquet")}
-
-
 def test_prepare_refuses_what_only_reading_the_data_shows_before_any_fine_tune(tmp_path):
-    """An own Parquet table is counted when read: the check passes it, the workflow's prepare refuses the batch
-    size (naming the field and the fix) and no fine-tune of the task starts."""
-    config = _config()
-    config["own_tasks"] = {"mine": _parquet_task(tmp_path, rows=6)}
-    config["backbones"] = {"minilm": {**config["backbones"]["minilm"], "tasks": ["mine"]}}
-    config["backbones"]["minilm"].pop("public_data")
-    config["merge"] = {"weight_averaging": {}, "task_arithmetic": {}, "ties": {}}
-    config["sweeps"] = {}
-    config["diagnostics"] = {}
-    check_config(yaml.safe_load(yaml.safe_dump(config)))  # N unknown here
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    result = snakemake(tmp_path)
-    assert result.returncode != 0
-    log = (tmp_path / "results/logs/prepare/minilm/mine.log").read_text()
-    assert "finetune.batch_size: 8 exceeds task 'mine''s 6 training examples (as read by prepare)" in log, log
-    assert not list((tmp_path / "results").glob("logs/finetune/**/*.log"))
-    assert not list((tmp_path / "results").glob("taskvectors/**/*.safetensors"))
+    """The paper's datasets are counted when read: every prepare job is given its task's limits (a dry run's
+    commands), and the stage refuses them against the N it reads, naming the field and the fix, before its work."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(_config()))
+    result = snakemake(tmp_path, "-n", "-p")
+    commands = [line for line in (result.stdout + result.stderr).splitlines() if "dpmerge prepare " in line]
+    assert commands and all("--sampling-limits" in line for line in commands)
+    digits = next(line for line in commands if "--task digits " in line)
+    limits = json.loads(digits.split("--sampling-limits '")[1].split("'")[0])
+    assert limits["batch_size"] == [8, "finetune.batch_size"] and limits["task"] == "digits"
+    out = tmp_path / "digits.pt"
+    refused = subprocess.run(
+        [sys.executable, "-m", "dpmerge.cli", "prepare", "--backbone", "effnet", "--backbone-spec",
+         json.dumps({"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 8}), "--task", "digits",
+         "--max-train", "6", "--max-test", "4", "--sampling-limits", json.dumps(limits), "--out", str(out)],
+        capture_output=True, text=True, env=snakemake_env())
+    assert refused.returncode != 0 and not out.exists()
+    assert "finetune.batch_size: 8 exceeds task 'digits''s 6 training examples (as read by prepare); give at most " \
+           "6, or that task its own batch size: backbones.effnet.finetune.by_task.digits.batch_size" in refused.stderr
+    assert "Traceback" not in refused.stderr
     # the same limits from the stage itself, and a delta above 1/N
+    config = _config()
+    config["own_tasks"] = {"mine": _table(tmp_path)}
+    config["backbones"]["minilm"]["tasks"] = ["bbc_topic", "mine"]
     limits = sampling_limits(check_and_return(config), "minilm", "mine")
     assert list(limits["batch_size"]) == [8, "finetune.batch_size"]
     assert sampling_limits(check_and_return(_config()), "effnet", "lfw") == {}  # public data: nothing trains on it
@@ -159,9 +175,9 @@ def test_prepare_refuses_what_only_reading_the_data_shows_before_any_fine_tune(t
                                           r"\(as read by prepare\); give at most 6, or that task its own batch "
                                           r"size: backbones\.minilm\.finetune\.by_task\.mine\.batch_size"):
         check_limits(limits, 6)
-    config["finetune"]["delta"] = 0.05
     with pytest.raises(ConfigError, match=r"finetune\.delta: 0\.05 exceeds 1/N = 0\.0333333 for task 'mine'"):
-        check_limits(sampling_limits(check_and_return(config), "minilm", "mine"), 30)
+        check_limits({**limits, "delta": [0.05, "finetune.delta"]}, 30)
+    check_limits({**limits, "delta": [0.05, "finetune.delta"], "delta_bounded_by_n": False}, 30)  # public_n
 
 
 def check_and_return(config):

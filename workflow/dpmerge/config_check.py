@@ -37,9 +37,11 @@ from dpmerge.models.registry import BACKBONES
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas/config.schema.yaml"
 
-def check_config(config: dict) -> None:
+def check_config(config: dict, read_own_data: bool = True) -> None:
     """Validate against the schema (filling in its defaults, in place), then the checks a schema cannot express.
-    Raises ConfigError naming the field (a schema violation too: `schema_error` keeps it to one line)."""
+    Raises ConfigError naming the field (a schema violation too: `schema_error` keeps it to one line).
+    `read_own_data`: read every own task's data whole (the workflow's main process; its jobs, which parse the
+    config again, skip it)."""
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
@@ -57,7 +59,7 @@ def check_config(config: dict) -> None:
     _check_results_folder(config)
     _check_own_tasks(config)
     _check_backbones(config)
-    own_sizes = _check_own_task_data(config)
+    own_sizes = _check_own_task_data(config, read_own_data)
     _check_shared_records(config)
     _check_method_names(config)
     _check_privacy(config)
@@ -256,14 +258,18 @@ def _check_own_tasks(config):
             raise ConfigError(str(error)) from None
 
 
-def _check_own_task_data(config) -> dict:
-    """Each own task a backbone trains on: what its data must hold, read before any job (data/own.py check_data).
-    Returns each one's training size as far as it is known before the data are read."""
+def _check_own_task_data(config, read_data: bool) -> dict:
+    """Each own task a backbone trains on: what its data must hold, read before any job (data/own.py check_data),
+    then, where `read_data`, the whole task as `prepare` will read it. Returns each one's N where read."""
     own, sizes = config.get("own_tasks") or {}, {}
     for name in dict.fromkeys(task for backbone in config["backbones"].values() for task in backbone["tasks"]):
         if name in own:
             try:
-                sizes[name] = check_data(name, own[name])
+                check_data(name, own[name])
+                if read_data:
+                    from dpmerge.data.own_readers import training_examples  # numpy and PIL: only for own tasks
+
+                    sizes[name] = training_examples(name, own[name])
             except OwnTaskError as error:
                 raise ConfigError(str(error)) from None
     return sizes

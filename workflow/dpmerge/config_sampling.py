@@ -2,39 +2,33 @@
 exceed the task's N (q = B/N is a probability, and a larger B is a typo that would fail only inside a job), and an
 explicit delta may not exceed 1/N (a larger delta admits mechanisms that publish one whole example).
 
-N is known before any job for the embedded tasks (the registry's `train_size`) and for own CSV or JSON-lines tables
-and image folders (data/own.py check_data counts them: exactly where the test split is its own file or folder, as
-an upper bound where a fraction is held out, so only the batch size is checked there). The paper's datasets, own
-Parquet tables and saved datasets are counted when read: `prepare`, which reads every task before its fine-tunes,
-is given each task's largest batch size and delta (`sampling_limits`) and refuses them there, naming the field; the
-fine-tune checks again before it trains (training/finetune.py sampling_plan).
+N is known before any job for the embedded tasks (the registry's `train_size`) and for own tasks (the config check
+reads them whole, as `prepare` will: data/own_readers.py training_examples). The paper's datasets are counted when
+read: `prepare`, which reads every task before its fine-tunes, is given each task's largest batch size and delta
+(`sampling_limits`) and refuses them there, naming the field; the fine-tune checks again before it trains
+(training/finetune.py sampling_plan).
 """
 
 from __future__ import annotations
 
 from dpmerge.config_fields import ConfigError, finetune_settings
-from dpmerge.data.own import TrainingSize
 from dpmerge.data.registry import TASKS
 from dpmerge.methods import METHODS
 
 __all__ = ["training_size", "check_sampling", "sampling_limits", "check_limits"]
 
 
-def training_size(config: dict, task: str, own_sizes: dict[str, TrainingSize | None]) -> TrainingSize | None:
+def training_size(config: dict, task: str, own_sizes: dict[str, int | None]) -> int | None:
     """Task `task`'s N as the study trains on it (after data.max_train and data.validation_fraction), or None where
     it is only known once the data are read."""
-    if task in own_sizes:
-        full = own_sizes[task]
-    else:
-        size = TASKS[task].train_size if task in TASKS else None
-        full = None if size is None else TrainingSize(size, exact=True)
+    full = own_sizes[task] if task in own_sizes else (TASKS[task].train_size if task in TASKS else None)
     if full is None:
         return None
-    kept = min(full.upper, config["data"]["max_train"]) if config["data"].get("max_train") else full.upper
+    kept = min(full, config["data"]["max_train"]) if config["data"].get("max_train") else full
     fraction = config["data"].get("validation_fraction")
     if fraction:  # loading.load_task holds out max(1, round(fraction * kept)) of the kept examples
         kept -= max(1, round(fraction * kept))
-    return TrainingSize(kept, full.exact)
+    return kept
 
 
 def _field_of(config: dict, backbone: str, method: str, task: str, key: str) -> str:
@@ -55,7 +49,7 @@ def _sizes_note(config: dict) -> str:
     return f" (after {' and '.join(c for c in caps if c)})" if any(caps) else ""
 
 
-def check_sampling(config: dict, own_sizes: dict[str, TrainingSize | None]) -> None:
+def check_sampling(config: dict, own_sizes: dict[str, int | None]) -> None:
     """Refuse, naming the field and the largest value that fits, a batch size above a task's N or an explicit
     delta above 1/N, for every method's settings on every task a backbone trains (and the noise study's batch
     sizes)."""
@@ -66,33 +60,32 @@ def check_sampling(config: dict, own_sizes: dict[str, TrainingSize | None]) -> N
             size = training_size(config, task, own_sizes)
             for method in METHODS:
                 settings = finetune_settings(config, backbone, method, task)
-                if size is not None and settings["batch_size"] > size.upper:
+                if size is not None and settings["batch_size"] > size:
                     raise ConfigError(f"{_field_of(config, backbone, method, task, 'batch_size')}: "
                                       f"{settings['batch_size']:g} exceeds {_examples(config, task, size)} ({method} "
-                                      f"on {backbone}); give at most {size.upper}, or that task its own batch size: "
+                                      f"on {backbone}); give at most {size}, or that task its own batch size: "
                                       f"backbones.{backbone}.finetune.by_task.{task}.batch_size")
                 if settings.get("delta") is not None and METHODS[method].private:
                     _check_delta(config, backbone, method, task, settings["delta"], size)
-            too_large = [b for b in noise["batch_sizes"] if size is not None and b > size.upper] \
+            too_large = [b for b in noise["batch_sizes"] if size is not None and b > size] \
                 if backbone in noise_backbones else []
             if too_large:
                 raise ConfigError(f"noise_scale.batch_sizes: {too_large[0]:g} exceeds {_examples(config, task, size)} "
-                                  f"on {backbone}; give values of at most {size.upper}")
+                                  f"on {backbone}; give values of at most {size}")
 
 
-def _examples(config: dict, task: str, size: TrainingSize) -> str:
-    counted = f"{size.upper} training examples" if size.exact else f"training examples (at most {size.upper})"
-    return f"task {task!r}'s {counted}{_sizes_note(config)}"
+def _examples(config: dict, task: str, size: int) -> str:
+    return f"task {task!r}'s {size} training examples{_sizes_note(config)}"
 
 
-def _check_delta(config: dict, backbone: str, method: str, task: str, delta: float, size: TrainingSize | None):
+def _check_delta(config: dict, backbone: str, method: str, task: str, delta: float, size: int | None):
     """delta <= 1/public_n under add/remove with a public size (known whatever N is), else <= 1/N where N is
     known exactly before any job."""
     population, name = _public_n(config, task), "public_n"
     if population is None:
-        if size is None or not size.exact:
+        if size is None:
             return  # prepare checks it once it has read the data
-        population, name = size.upper, "N"
+        population, name = size, "N"
     if delta > (1.0 / population) * (1 + 1e-9):
         raise ConfigError(
             f"{_field_of(config, backbone, method, task, 'delta')}: {delta:g} exceeds 1/{name} = "

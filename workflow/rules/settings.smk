@@ -41,7 +41,8 @@ from dpmerge.catalog import (
 
 # Before any job: --config's text read by the schema's types (`seeds=[0]` arrives as ['0']), the schema with its
 # defaults filled in, and every check it cannot express (dpmerge/config_check.py).
-check_config(config)
+# every own task's data is read whole once, by the main process (each job parses the config again)
+check_config(config, read_own_data=workflow.is_main_process)
 
 RESULTS = config["results"]
 

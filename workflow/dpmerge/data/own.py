@@ -23,7 +23,6 @@ own_readers.read_own_task reads the data, in `dpmerge prepare`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from dpmerge.metrics import METRICS
@@ -87,46 +86,31 @@ def check_entry(name: str, entry) -> dict:
     return {"metric": metric, "test_fraction": fraction, **entry, "source": source}
 
 
-@dataclass(frozen=True)
-class TrainingSize:
-    """How many training examples an own task holds, as far as the config check can tell before any job: at most
-    `upper`; exactly that many where `exact` (its test split is its own file or folder). None: not read here (a
-    Parquet table or a saved dataset, read by `prepare`)."""
-
-    upper: int
-    exact: bool
-
-
-def check_data(name: str, entry: dict) -> TrainingSize | None:
-    """What the config check reads of an own task's data before any job (after `check_entry`): a CSV or JSON-lines
-    table's columns and its number of labels, an image folder's number of classes, and how many training examples
-    each holds (the batch size and delta are checked against it). Reading every example (empty texts, unreadable
-    images, a Parquet table) is `prepare`'s."""
+def check_data(name: str, entry: dict) -> None:
+    """What the config check reads of an own task's data first (after `check_entry`), with the messages a
+    researcher meets most: a CSV or JSON-lines table's columns and its number of labels, an image folder's number
+    of classes. The config check then reads the whole task as `prepare` will (own_readers.training_examples)."""
     where, metric = f"own_tasks.{name}", entry.get("metric", "accuracy")
     if "table" in entry:
-        rows = None
         for field in ("table", "test") if "test" in entry else ("table",):
             # a test file may hold fewer classes than the training table; the columns it must have
-            counted = _check_table_content(f"{where}.{field}", Path(str(entry[field])), entry,
-                                           regression=metric == "spearman" or field == "test")
-            rows = counted if field == "table" else rows
-        return None if rows is None else TrainingSize(rows, exact="test" in entry)
-    if "images" in entry:
-        return _check_image_classes(f"{where}.images", Path(str(entry["images"])))
-    return None
+            _check_table_content(f"{where}.{field}", Path(str(entry[field])), entry,
+                                 regression=metric == "spearman" or field == "test")
+    elif "images" in entry:
+        _check_image_classes(f"{where}.images", Path(str(entry["images"])))
 
 
-def _check_table_content(where: str, path: Path, entry: dict, *, regression: bool) -> int | None:
+def _check_table_content(where: str, path: Path, entry: dict, *, regression: bool) -> None:
     """What a CSV or JSON-lines table must hold, read before any job (a Parquet table is read by `prepare`): the
-    columns the task names, and for a classification task two or more labels. Returns its number of rows."""
+    columns the task names, and for a classification task two or more labels."""
     import csv
     import json
 
     if path.suffix.lower() == ".parquet":
-        return None
+        return
     wanted = [entry.get("text", "text"), entry.get("label", "label")] + \
         ([entry["text_pair"]] if "text_pair" in entry else [])
-    labels, columns, rows_read = set(), None, 0
+    labels, columns = set(), None
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             if path.suffix.lower() == ".csv":
@@ -144,7 +128,6 @@ def _check_table_content(where: str, path: Path, entry: dict, *, regression: boo
                 if missing:
                     break
                 labels.add(str(row[wanted[1]]))
-                rows_read = number
     except (OSError, UnicodeDecodeError, ValueError) as error:
         if isinstance(error, OwnTaskError):
             raise
@@ -156,22 +139,15 @@ def _check_table_content(where: str, path: Path, entry: dict, *, regression: boo
     if not regression and len(labels) < 2 and "classes" not in entry:
         raise OwnTaskError(f"{where}: {path} holds {len(labels)} distinct label(s) in column {wanted[1]!r}; a "
                            "classification task needs two or more (metric: spearman for a regression task)")
-    return rows_read
 
 
-def _check_image_classes(where: str, folder: Path) -> TrainingSize:
-    """An image folder's classes: its subfolders (those of train/ where train/ and test/ split it). Returns how many
-    image files its training classes hold (exactly the training split where train/ and test/ split it)."""
-    split = (folder / "train").is_dir() and (folder / "test").is_dir()
-    root = folder / "train" if split else folder
-    classes = [child for child in sorted(root.iterdir()) if child.is_dir() and not child.name.startswith(".")]
+def _check_image_classes(where: str, folder: Path) -> None:
+    """An image folder's classes: its subfolders (those of train/ where train/ and test/ split it)."""
+    root = folder / "train" if (folder / "train").is_dir() and (folder / "test").is_dir() else folder
+    classes = [child.name for child in sorted(root.iterdir()) if child.is_dir()]
     if len(classes) < 2:
-        raise OwnTaskError(f"{where}: {root} has {len(classes)} class subfolder(s) "
-                           f"({', '.join(c.name for c in classes) or 'none'}); "
+        raise OwnTaskError(f"{where}: {root} has {len(classes)} class subfolder(s) ({', '.join(classes) or 'none'}); "
                            "a task needs two or more, one subfolder of images per class")
-    images = sum(1 for c in classes for path in c.rglob("*")
-                 if path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith("."))
-    return TrainingSize(images, exact=split)
 
 
 def _check_table_path(where: str, path: Path) -> None:

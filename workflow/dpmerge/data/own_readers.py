@@ -34,6 +34,13 @@ def read_own_task(name: str, entry: dict):
     return spec, split
 
 
+def training_examples(name: str, entry: dict) -> int:
+    """N of own task `name`: its training examples as `prepare` reads them (before data.max_train), every file
+    read and checked as there (an unreadable image, a stray file, an empty text or a bad label refused by name).
+    The config check calls it before any job; images are verified, not decoded."""
+    return len(read_own_task(name, entry)[1].train_labels)
+
+
 def read_images(name: str, entry: dict) -> tuple[list[str], PaperSplit, str]:
     folder = Path(entry["images"])
     train_dir, test_dir = folder / "train", folder / "test"
