@@ -1,6 +1,6 @@
 """The merge and scoring commands' arguments (`dpmerge merge`, `evaluate`, `score-group`), kept apart from
 cli_arguments.py, which builds the rest of the parser and calls add_merge_and_score_commands. Torch-free: the
-operators listed in `merge --help` come from the catalog's operator specs.
+operators listed in `merge --help` come from merge/specs.py (standard library only).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from dpmerge.cli_types import KeyValues, NamedPaths, json_object
 
 def add_merge_and_score_commands(add, spec_help: str) -> None:
     """`add(name, stage, description)` makes one subcommand (cli_arguments.build_parser's helper)."""
-    from dpmerge.catalog import OPERATOR_SPECS
+    from dpmerge.merge.specs import SPECS
 
     ops = "; ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in op.defaults.items()) or 'no hyperparameters'})"
-                    for name, op in OPERATOR_SPECS.items())
+                    for name, op in SPECS.items())
     p = add("merge", "merge.merge", f"Merge released task vectors. Operators (hyperparameter=default): {ops}.")
     p.add_argument("task_vectors", nargs="+",
                    help="task vectors: .safetensors files, sharded checkpoints (*.safetensors.index.json) or model "

@@ -96,3 +96,11 @@ class DefaultsShown(argparse.HelpFormatter):
 
 class DescribedDefaultsShown(argparse.RawDescriptionHelpFormatter, DefaultsShown):
     """The benchmarks' help: their module docstring verbatim, then every flag with its default."""
+
+
+# Help texts of flags several commands share
+SPEC_HELP = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0", "trainable_blocks": 1}\''
+
+STUDY_KEY_HELP = ("the study's secret key file (created with mode 0600 if missing; the workflow keeps it at "
+                  "<results>/private/study.key): it keys every random draw, so keep it private and back it up")
+
