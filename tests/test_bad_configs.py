@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from dpmerge.config_check import ConfigError, check_config
-from test_pipeline import TINY, snakemake
+from test_pipeline import TINY
+from workflow_runs import dry_runs
 
 
 def _own_table(tmp_path, rows: str, name="mine.csv"):
@@ -118,14 +119,24 @@ def test_there_are_at_least_25_cases():
     assert len(BAD) >= 25 and len({case[0] for case in BAD}) == len(BAD)
 
 
-@pytest.mark.parametrize("change,field,fix", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
-def test_the_workflow_stops_before_any_job(tmp_path, change, field, fix):
-    config = yaml.safe_load(yaml.safe_dump(TINY))
-    change(config, tmp_path)
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    result = snakemake(tmp_path, "-n")
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert field in output and fix in output, output[-2000:]
-    assert "Traceback" not in output and len(output.splitlines()) < 40
-    assert not (tmp_path / "results").exists()
+def test_the_workflow_stops_before_any_job_for_every_case(tmp_path):
+    """Each case's dry run (one Snakemake import, a fresh parse per case): refused, one short message naming the
+    field and the fix, no traceback, no results folder."""
+    workdirs = []
+    for number, (_, change, _, _) in enumerate(BAD):
+        workdir = tmp_path / f"case{number}"
+        workdir.mkdir()
+        config = yaml.safe_load(yaml.safe_dump(TINY))
+        change(config, workdir)
+        (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+        workdirs.append(workdir)
+    control = tmp_path / "good"  # the same runner plans the good configuration's jobs
+    control.mkdir()
+    (control / "config.yaml").write_text(yaml.safe_dump(TINY))
+    *refused, (code, output) = dry_runs([*workdirs, control])
+    assert code == 0 and "finetune" in output, output[-2000:]
+    for (case, _, field, fix), workdir, (code, output) in zip(BAD, workdirs, refused):
+        assert code != 0, case
+        assert field in output and fix in output, (case, output[-2000:])
+        assert "Traceback" not in output and len(output.splitlines()) < 40, (case, output[-2000:])
+        assert not (workdir / "results").exists(), case

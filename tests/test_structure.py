@@ -170,7 +170,7 @@ def test_building_the_command_line_parser_imports_neither_torch_nor_the_config_c
 
 
 # Functions still over 80 lines (issue 56): the list may only shrink; a function that grows past 80 fails.
-LONG_FUNCTIONS = {"training/finetune.py finetune", "stages/merge.py merge", "privacy/ledger.py ledger_report",
+LONG_FUNCTIONS = {"training/finetune.py finetune", "privacy/ledger.py ledger_report",
                   "merge/covariance.py ace_layer"}
 
 

@@ -9,6 +9,7 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
@@ -76,6 +77,54 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str | None 
     way a path or a vector given twice, two vectors of one task and, unless `allow_single`, a lone vector are
     refused.
     """
+    checked = check_merge(operator, task_vectors, base, out, output_model, vectors, params, statistics,
+                          require_privacy_record, allow_single)
+    source = SafetensorsSource(task_vectors, checked.statistics_source)  # every vector has the first one's tensors
+    check_base_covers(base, checked.w0, task_vectors[0], source.files[0])
+    passed_through = [key for key in checked.w0.keys() if key not in set(source.keys())]
+    name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
+    meta = merge_record(checked, operator, name, vectors, task_vectors, base, statistics, out or output_model,
+                        passed_through)
+    w0 = checked.w0
+    layout = {key: (w0.dtype(key), w0.shape(key)) for key in source.keys()}
+    if checked.plan.personalized:
+        # One model per task at evaluation: the shared tensors (a loadable model) plus per-task parts.
+        meta["personalized"] = storage = personalized_storage(checked.plan, layout)
+        extra, model = storage["extra_bits_per_task"], storage["model_bits"]
+        log(f"[merge] {operator}: {extra / 8 / 2**20:.2f} MiB per task beside the shared model "
+            f"({100 * extra / model:.1f} % of one model)")
+    layout = checked.plan.stored_layout(layout, len(checked.metas))
+    layout.update({key: (w0.dtype(key), w0.shape(key)) for key in passed_through})
+    with compute_section("merge (read, merge and write, streamed)", log), merged_file(out, output_model) as path:
+        # a failure midway leaves no file
+        write_tensors_streaming(path, layout, merged_model(checked, operator, source, passed_through), meta)
+        if output_model:
+            write_model_like(base, SafetensorsFile(path), output_model, meta)
+    written = " and ".join(str(p) for p in (out, output_model) if p)
+    passed = f", {len(passed_through)} tensors of the base passed through" if passed_through else ""
+    log(f"[merge] {name}: {operator} {checked.plan.hyperparameters} of {vectors} vectors over {len(checked.metas)} "
+        f"task vectors (streamed{passed}) -> {written}")
+
+
+@dataclass(frozen=True)
+class CheckedMerge:
+    """What `check_merge` established before any tensor is merged: the operator's plan, the vectors' records
+    (and whether they carry privacy records), w0 and its hash, each vector's path and hash, and the statistics
+    RegMean and Fisher read (with their record)."""
+
+    plan: object
+    metas: list[dict]
+    recorded: bool
+    w0: object
+    w0_sha256: str
+    inputs: list[dict]
+    statistics_source: object
+    statistics_meta: dict | None
+
+
+def check_merge(operator, task_vectors, base, out, output_model, vectors, params, statistics,
+                require_privacy_record, allow_single) -> CheckedMerge:
+    """Every check of a merge's inputs and outputs, before anything is merged (see `merge`)."""
     plan = resolve_merge(operator, vectors, **(params or {}))  # checked now, before anything is read
     if not out and not output_model:
         raise ValueError("give -o/--out (a merged .safetensors file), --output-model (a checkpoint in the base's "
@@ -106,6 +155,14 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str | None 
                                                                   inputs)
     elif statistics:
         raise ValueError(f"{operator} uses no data statistics; drop --statistics")
+    return CheckedMerge(plan, metas, recorded, w0, w0_sha256, inputs, statistics_source, statistics_meta)
+
+
+def merged_model(checked: CheckedMerge, operator: str, source, passed_through: list[str]):
+    """(name, tensor) of the merged model, streamed: w0 + merged tensor, each written as soon as it is computed
+    (memory holds one tensor per task vector plus the operator's temporaries, never a whole model), then the
+    base's tensors no vector covers (a full checkpoint's frozen parts, buffers), unchanged."""
+    w0 = checked.w0
 
     def model_tensor(key: str, merged: torch.Tensor) -> torch.Tensor:
         # Checked before it is written: a NaN or Inf merges into a model that loads and scores nothing (the write
@@ -117,65 +174,45 @@ def merge(*, operator: str, task_vectors: list[str], base: str, out: str | None 
             return task_model_weights({key: w0.get_tensor(key)}, {key: merged})[key].to(w0.dtype(key))
         return task_model_weights({key: w0.get_tensor(key)}, {key: merged.to(w0.dtype(key))})[key]
 
-    source = SafetensorsSource(task_vectors, statistics_source)  # every vector has the first one's tensors...
-    check_base_covers(base, w0, task_vectors[0], source.files[0])
-    covered = set(source.keys())
-    passed_through = [key for key in w0.keys() if key not in covered]
-    # Streamed end to end: w0 + merged tensor is written as soon as it is computed, so memory holds one
-    # tensor per task vector (plus the operator's per-tensor temporaries), never a whole model.
-    merged_model = (
-        (key, merged if is_part(key) else model_tensor(key, merged))
-        for key, merged in plan.stream(source)
-    )
-    merged_model = logged_tensors(merged_model, len(source.keys()), operator)
-    # the base's tensors no vector covers (a full checkpoint's frozen parts, buffers), unchanged
-    merged_model = chain(merged_model, ((key, w0.get_tensor(key)) for key in passed_through))
-    name = name or (operator if vectors == "task" else f"{operator}_{vectors}")
-    # named relative to the results folder, never by this machine's absolute paths (recorded_paths)
+    merged = ((key, tensor if is_part(key) else model_tensor(key, tensor))
+              for key, tensor in checked.plan.stream(source))
+    merged = logged_tensors(merged, len(source.keys()), operator)
+    return chain(merged, ((key, w0.get_tensor(key)) for key in passed_through))
+
+
+def merge_record(checked: CheckedMerge, operator: str, name: str, vectors: str, task_vectors: list[str], base: str,
+                 statistics: str | None, written_to: str, passed_through: list[str]) -> dict:
+    """The merged model's metadata: its inputs (named relative to the results folder, never by this machine's
+    absolute paths: `recorded_paths`), the hyperparameters and the (epsilon, delta) it is released at."""
+    metas = checked.metas
     files = [*task_vectors, base, *([statistics] if statistics else [])]
-    named = dict(zip(files, recorded_paths(files, out or output_model)))
-    inputs = [{**entry, "path": named[path]} for entry, path in zip(inputs, task_vectors)]
+    named = dict(zip(files, recorded_paths(files, written_to)))
     meta = {
         "artifact": "merged_model",
         "operator": operator,
         "merge_name": name,
         "vectors": vectors,
-        "hyperparameters": plan.hyperparameters,
+        "hyperparameters": checked.plan.hyperparameters,
         "backbone": metas[0].get("backbone"),
         "method": metas[0].get("method"),
         "target_epsilon": metas[0].get("target_epsilon"),
         "seed": metas[0].get("seed"),
         "pretrained_sha256": metas[0].get("pretrained_sha256"),
         "tasks": [m.get("task", Path(p).stem) for m, p in zip(metas, task_vectors)],
-        "inputs": inputs,
-        "base": {"path": named[base], "sha256": w0_sha256},
+        "inputs": [{**entry, "path": named[path]} for entry, path in zip(checked.inputs, task_vectors)],
+        "base": {"path": named[base], "sha256": checked.w0_sha256},
     }
     if passed_through:
         meta["base"]["passed_through"] = len(passed_through)
-    if recorded:
-        meta["release_epsilon"], meta["release_delta"] = merged_release_budget(metas, statistics_meta)
+    if checked.recorded:
+        meta["release_epsilon"], meta["release_delta"] = merged_release_budget(metas, checked.statistics_meta)
     else:
         meta["privacy"] = "none recorded"
-    if statistics_meta is not None:
-        meta["statistics"] = {"path": named[statistics], "kind": statistics_meta["kind"],
-                              "source": statistics_meta["source"], "records": statistics_meta["records"]}
-    layout = {key: (w0.dtype(key), w0.shape(key)) for key in source.keys()}
-    if plan.personalized:
-        # One model per task at evaluation: the shared tensors (a loadable model) plus per-task parts.
-        meta["personalized"] = storage = personalized_storage(plan, layout)
-        extra, model = storage["extra_bits_per_task"], storage["model_bits"]
-        log(f"[merge] {operator}: {extra / 8 / 2**20:.2f} MiB per task beside the shared model "
-            f"({100 * extra / model:.1f} % of one model)")
-    layout = plan.stored_layout(layout, len(metas))
-    layout.update({key: (w0.dtype(key), w0.shape(key)) for key in passed_through})
-    with compute_section("merge (read, merge and write, streamed)", log), merged_file(out, output_model) as path:
-        write_tensors_streaming(path, layout, merged_model, meta)  # a failure midway leaves no file
-        if output_model:
-            write_model_like(base, SafetensorsFile(path), output_model, meta)
-    written = " and ".join(str(p) for p in (out, output_model) if p)
-    passed = f", {len(passed_through)} tensors of the base passed through" if passed_through else ""
-    log(f"[merge] {name}: {operator} {plan.hyperparameters} of {vectors} vectors over {len(metas)} task vectors "
-        f"(streamed{passed}) -> {written}")
+    if checked.statistics_meta is not None:
+        meta["statistics"] = {"path": named[statistics], "kind": checked.statistics_meta["kind"],
+                              "source": checked.statistics_meta["source"],
+                              "records": checked.statistics_meta["records"]}
+    return meta
 
 
 @contextmanager
