@@ -7,9 +7,9 @@
 #   OUT=/where/results/go bash bench/gpu_session.sh
 #
 # Needs python3 with CUDA torch, timm and transformers (the lent machines have them); gpu_readiness.py also needs
-# open_clip_torch and its dependencies (carry them as wheels: README "Speed", "On a GPU"); without them that
+# open_clip_torch and its dependencies (carry them as wheels: docs/operations.md, "GPUs"); without them that
 # part says so and the rest stands. Each part has its own timeout, so one slow part cannot take the others' time.
-# The results (dp_step.txt, gpu_readiness.{txt,json}, gpu.txt) are what the README's Speed section quotes.
+# The results (dp_step.txt, gpu_readiness.{txt,json}, gpu.txt) are what docs/performance.md quotes.
 set -uo pipefail
 OUT=${OUT:-gpu_session}
 PY=${PYTHON:-python3}

@@ -189,7 +189,7 @@ def _open(path: str | Path):
 
     The `pread` backend reads each tensor into memory of its own when asked, and refuses a short read. The
     default memory map would keep every tensor ever read resident until the file is closed: a streamed merge
-    of 8 ViT-B/32 vectors would then hold 8 models instead of one tensor per task (README "Speed > Merging").
+    of 8 ViT-B/32 vectors would then hold 8 models instead of one tensor per task (docs/performance.md, "Merging").
     """
     path = Path(path)
     if not path.is_file():
@@ -427,7 +427,7 @@ def save_prepared(path: str | Path, *, task: str, backbone: str, task_spec: dict
         "test_labels": torch.as_tensor(test_labels),
         "pretrained_sha256": pretrained_sha256,
     }
-    # private: the training features of a private task (README "Methods and privacy"; dpmerge/private_folders.py)
+    # private: the training features of a private task (docs/privacy.md, "Threat model"; dpmerge/private_folders.py)
     atomic_write(path, lambda tmp: torch.save(payload, tmp), private=True)
 
 

@@ -5,8 +5,8 @@ each parallel region (GOMP_SPINCOUNT's default), so the other core is busy for m
 when no op follows. A DP step's Gaussian noise is drawn by several keyed generators on a thread pool
 (privacy/randomness.py) right after the clipped sum, and beside a spinning worker the second thread gained
 nothing. With the spin cut to SPIN_COUNT iterations the worker yields the core soon after the clipped sum and
-the noise is drawn on both (bench/dp_step.py, README "Speed"); a non-private step, whose ops follow each other
-within microseconds, is as fast as before. Spinning changes only timing, never a result.
+the noise is drawn on both (bench/dp_step.py, docs/performance.md, "The DP step"); a non-private step, whose ops
+follow each other within microseconds, is as fast as before. Spinning changes only timing, never a result.
 
 libgomp reads its settings once, when torch first loads it, so this must run before anything imports torch;
 `dpmerge.launch` calls it first (the fork server inherits the environment). A user's own GOMP_SPINCOUNT or

@@ -1,7 +1,7 @@
 # Where every result lies: one pattern per kind of file, under the results folder.
 
-# The study's secret key (dpmerge/study_key.py): created by the first job that needs it, never an output, passed
-# by path in commands (not a parameter: where it lies is not a setting of any result).
+# The study's secret key (dpmerge/privacy/study_key.py): created by the first job that needs it, never an output,
+# passed by path in commands (not a parameter: where it lies is not a setting of any result).
 STUDY_KEY = result("private/study.key")
 # Every release the study ever wrote, appended by the fine-tunes before they publish (privacy/release_log.py)
 RELEASE_LOG = result("private/releases.jsonl")

@@ -70,7 +70,8 @@ class Backbone:
     embed_dim: int
     checkpoint_path: Path
     # How DP training gets per-example clipped gradients (training/persample.py). Book-keeping was fastest for every
-    # backbone in bench/dp_step.py (README "Speed"); a backbone whose layers it cannot handle overrides this.
+    # backbone in bench/dp_step.py (docs/performance.md, "The DP step"); a backbone whose layers it cannot handle
+    # overrides this.
     per_sample_strategy: str = "bookkeeping"
 
     # Where the network runs and in which precision (set_device); the CPU default keeps every result bit-stable.

@@ -1,9 +1,9 @@
 """Private fine-tuning of one task: the loop around the DP step (training/dp_step.py), its settings, checkpoints
 and the release's privacy record.
 
-Methods (`METHODS`): nonprivate (plain AdamW), naive_dp (Eq. 4 + AdamW), dp_merging (Eq. 4-7 of "When Privacy
-Hurts Mergeability", arXiv 2608.26655), dp_sam (w/o alignment: lambda = 0) and dp_anchor (w/o flatness: anchor on
-one query per step).
+Methods: every one in dpmerge/methods.py's table (`METHODS`): nonprivate (plain AdamW), naive_dp (Eq. 4 + AdamW),
+dp_merging (Eq. 4-7 of "When Privacy Hurts Mergeability", arXiv 2608.26655), its ablations dp_sam and dp_anchor,
+DPSAT with and without the anchor, and pretrained_head (w0 kept, the head trained under DP).
 
 Randomness: the Poisson sampler, the Gaussian noise and the head's initial weights draw from streams keyed by
 the study's secret key and the fine-tune's full identity (privacy/randomness.py), never from the `seed` a release
