@@ -176,8 +176,7 @@ def _coercion_schema() -> dict:
     schema["properties"]["backbones"]["additionalProperties"]["properties"]["finetune"] = {
         "type": "object",
         "properties": {**settings["properties"], "by_method": {"type": "object", "additionalProperties": settings},
-                       "by_task": {"type": "object", "additionalProperties": {
-                           "type": "object", "properties": {"batch_size": settings["properties"]["batch_size"]}}}}}
+                       "by_task": _by_task_schema(settings)}}
     return schema
 
 
@@ -445,6 +444,14 @@ def _finetune_settings_schema():
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
+def _by_task_schema(settings: dict) -> dict:
+    """A backbone's finetune.by_task: each task's own batch size, and nothing else (settings: one level of finetune
+    settings, `_finetune_settings_schema`)."""
+    return {"type": "object", "additionalProperties": {
+        "type": "object", "additionalProperties": False, "required": ["batch_size"],
+        "properties": {"batch_size": settings["properties"]["batch_size"]}}}
+
+
 def _check_overrides(where, overrides, schema):
     try:
         jsonschema.validate(overrides, schema)
@@ -462,10 +469,7 @@ def _check_finetune_overrides(config):
         by_method = entry.pop("by_method", {})
         by_task = entry.pop("by_task", {})
         _check_overrides(f"backbones.{name}.finetune", entry, schema)
-        _check_overrides(f"backbones.{name}.finetune.by_task", by_task, {
-            "type": "object", "additionalProperties": {
-                "type": "object", "additionalProperties": False, "required": ["batch_size"],
-                "properties": {"batch_size": schema["properties"]["batch_size"]}}})
+        _check_overrides(f"backbones.{name}.finetune.by_task", by_task, _by_task_schema(schema))
         for task in by_task:
             if task not in backbone["tasks"]:
                 raise ConfigError(f"backbones.{name}.finetune.by_task.{task}: {task!r} is not one of the backbone's "

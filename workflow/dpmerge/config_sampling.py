@@ -51,47 +51,18 @@ def _sizes_note(config: dict) -> str:
 
 def check_sampling(config: dict, own_sizes: dict[str, int | None]) -> None:
     """Refuse, naming the field and the largest value that fits, a batch size above a task's N or an explicit
-    delta above 1/N, for every method's settings on every task a backbone trains (and the noise study's batch
-    sizes)."""
-    noise = config.get("noise_scale") or {}
-    noise_backbones = (noise.get("backbones") or list(config["backbones"])) if noise.get("methods") else []
+    delta above 1/N (1/public_n under add/remove with a public size, known whatever N is), for every method's
+    settings on every task a backbone trains (and the noise study's batch sizes): `prepare`'s check
+    (`check_limits`), made here wherever N is known before any job."""
     for backbone, entry in config["backbones"].items():
         for task in entry["tasks"]:
+            limits = sampling_limits(config, backbone, task)
+            public_n = _public_n(config, task)
+            if public_n and limits["delta"] is not None:
+                _check_delta(*limits["delta"], task, public_n, "public_n", "")
             size = training_size(config, task, own_sizes)
-            for method in METHODS:
-                settings = finetune_settings(config, backbone, method, task)
-                if size is not None and settings["batch_size"] > size:
-                    raise ConfigError(f"{_field_of(config, backbone, method, task, 'batch_size')}: "
-                                      f"{settings['batch_size']:g} exceeds {_examples(config, task, size)} ({method} "
-                                      f"on {backbone}); give at most {size}, or that task its own batch size: "
-                                      f"backbones.{backbone}.finetune.by_task.{task}.batch_size")
-                if settings.get("delta") is not None and METHODS[method].private:
-                    _check_delta(config, backbone, method, task, settings["delta"], size)
-            too_large = [b for b in noise["batch_sizes"] if size is not None and b > size] \
-                if backbone in noise_backbones else []
-            if too_large:
-                raise ConfigError(f"noise_scale.batch_sizes: {too_large[0]:g} exceeds {_examples(config, task, size)} "
-                                  f"on {backbone}; give values of at most {size}")
-
-
-def _examples(config: dict, task: str, size: int) -> str:
-    return f"task {task!r}'s {size} training examples{_sizes_note(config)}"
-
-
-def _check_delta(config: dict, backbone: str, method: str, task: str, delta: float, size: int | None):
-    """delta <= 1/public_n under add/remove with a public size (known whatever N is), else <= 1/N where N is
-    known exactly before any job."""
-    population, name = _public_n(config, task), "public_n"
-    if population is None:
-        if size is None:
-            return  # prepare checks it once it has read the data
-        population, name = size, "N"
-    if delta > (1.0 / population) * (1 + 1e-9):
-        raise ConfigError(
-            f"{_field_of(config, backbone, method, task, 'delta')}: {delta:g} exceeds 1/{name} = "
-            f"{1.0 / population:.6g} for task {task!r} ({name} = {population}; {method} on {backbone}); a larger delta "
-            f"admits a mechanism that publishes one whole example. Give at most {1.0 / population:.6g}, or leave "
-            "delta unset (1/N, the paper's)")
+            if size is not None:
+                check_limits(limits, size, _sizes_note(config))
 
 
 def _public_n(config: dict, task: str):
@@ -120,19 +91,27 @@ def sampling_limits(config: dict, backbone: str, task: str) -> dict:
             "delta_bounded_by_n": _public_n(config, task) is None}
 
 
-def check_limits(limits: dict, num_examples: int) -> None:
-    """`sampling_limits` against the N that `prepare` read: one line naming the field and the fix."""
+def check_limits(limits: dict, num_examples: int, counted: str = " (as read by prepare)") -> None:
+    """`sampling_limits` against a task's N, `counted` saying how it was known: one line naming the field and the
+    fix."""
     if not limits:
         return
     task, backbone = limits["task"], limits["backbone"]
     batch, field = limits["batch_size"]
     if batch > num_examples:
-        raise ConfigError(f"{field}: {batch:g} exceeds task {task!r}'s {num_examples} training examples (as read by "
-                          f"prepare); give at most {num_examples}, or that task its own batch size: "
-                          f"backbones.{backbone}.finetune.by_task.{task}.batch_size")
+        fix = (f"give values of at most {num_examples}" if field.startswith("noise_scale.") else
+               f"give at most {num_examples}, or that task its own batch size: "
+               f"backbones.{backbone}.finetune.by_task.{task}.batch_size")
+        raise ConfigError(f"{field}: {batch:g} exceeds task {task!r}'s {num_examples} training examples{counted}; "
+                          f"{fix}")
     if limits["delta"] is not None and limits["delta_bounded_by_n"]:
-        delta, field = limits["delta"]
-        if delta > (1.0 / num_examples) * (1 + 1e-9):
-            raise ConfigError(f"{field}: {delta:g} exceeds 1/N = {1.0 / num_examples:.6g} for task {task!r} "
-                              f"(N = {num_examples}, as read by prepare); give at most {1.0 / num_examples:.6g}, or "
-                              "leave delta unset (1/N, the paper's)")
+        _check_delta(*limits["delta"], task, num_examples, "N", counted)
+
+
+def _check_delta(delta: float, field: str, task: str, population: int, name: str, counted: str) -> None:
+    if delta > (1.0 / population) * (1 + 1e-9):
+        how = counted.strip(" ()")
+        raise ConfigError(
+            f"{field}: {delta:g} exceeds 1/{name} = {1.0 / population:.6g} for task {task!r} ({name} = {population}"
+            f"{', ' + how if how else ''}); a larger delta admits a mechanism that publishes one whole example. Give "
+            f"at most {1.0 / population:.6g}, or leave delta unset (1/N, the paper's)")

@@ -134,8 +134,8 @@ def publish(log: str | Path, *, mechanism: str, record: dict, where: dict,
     append(log, mechanism=mechanism, metadata={**record, **where}, settings=settings, post_processing_of=sources,
            files=[{"path": relative_path(log, path), "artifact": artifact, "tensors_sha256": digest}
                   for (path, _, artifact), digest in zip(files, hashes)])
-    for (path, tensors, artifact), digest in zip(files, hashes):
-        save_released(path, tensors, record, {**where, "artifact": artifact})  # writes `digest` in its metadata
+    for path, tensors, artifact in files:
+        save_released(path, tensors, record, {**where, "artifact": artifact})  # its metadata carries the same hash
 
 
 # Where the weights and the job are, not what they are (the weights' hash is in the identity already): moving a
