@@ -3,6 +3,7 @@ transcription of the paper's code, its validity and power on randomized response
 can fail: the non-private method leaks, a run without its noise fails its claim, and DP-SAM calibrated for one
 query shows more leakage than DP-SAM calibrated for its two."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -414,6 +415,15 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     for path in ("mixtures/taskvectors/effnet/eps6/naive_dp/s0/digits.safetensors",
                  "mixtures/combined/taskvectors/effnet/eps8/naive_dp/s0/digits.safetensors"):
         assert logged[path]["post_processing_of"], path
+    # every audit run is logged before its rows are written (merged and pooled audits read only kept runs), and
+    # a run of other settings at a logged path is refused before any job (Snakemake would delete its rows)
+    audit_runs = [path for path, entry in logged.items() if entry["files"][0]["artifact"] == "audit"]
+    assert len(audit_runs) == 2 * 2 * 2 and all(path.startswith("audits/individual/") for path in audit_runs)
+    more = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "2", "-n", "--configfile",
+                           str(tmp_path / "config.yaml"), "--config", "audit={canaries: {white_box: 32}}"],
+                          capture_output=True, text=True, env=snakemake_env())
+    assert more.returncode != 0 and "4 release(s) would be made again" in more.stdout + more.stderr
+    assert "white_box.parquet: audit.canaries 64 -> 32" in more.stdout + more.stderr
     # the combination: both seeds' releases at 4 averaged, at their composition, paired with seed 0's selection and
     # trained release at 8 (one pair: no interval)
     combined = table.iloc[1]
@@ -523,3 +533,57 @@ def test_every_audit_draws_its_own_canaries_by_its_full_identity(tmp_path, wide,
         coins[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)["included"]
     assert torch.equal(coins["a"], coins["again"])
     assert not torch.equal(coins["a"], coins["seed"]) and not torch.equal(coins["a"], coins["budget"])
+
+
+def test_an_audit_run_is_a_release_the_ledger_composes_after_its_file_is_replaced_or_deleted(tmp_path, wide,
+                                                                                              study_key):
+    """A release is forever (privacy/release_log.py): an audit's rows are computed from a run on the task's data,
+    so they are logged before they are written; another run at the same path is refused unless allowed, and the
+    ledger composes every logged run, also one whose file is gone."""
+    from dpmerge.privacy.release_log import file_sha256, publish, read_entries, release_log_path
+    from dpmerge.stages.audit import audit
+    from dpmerge.stages.ledger import ledger
+    from test_privacy import release
+
+    data, out, log = prepared_task(tmp_path, "toy", wide[0], 5), tmp_path / "audits/toy.parquet", \
+        release_log_path(study_key)
+
+    def audit_at(epsilon, **allowed):
+        audit(backbone="toy", backbone_spec={"kind": "efficientnet_lite0"}, data=data, method="naive_dp",
+              hparams={"epochs": 0.2, "batch_size": 100, "clip_norm": 1.0}, epsilon=epsilon, seed=0,
+              study_key=str(study_key), out=str(out), canaries=200, **allowed)
+
+    audit_at(2.0)
+    (entry,) = read_entries(log)
+    assert entry["files"] == [{"path": f"{tmp_path.name}/audits/toy.parquet", "artifact": "audit",
+                               "sha256": file_sha256(out)}]
+    assert json.loads(entry["metadata"]["rows"][0]["privacy_record"])["target_epsilon"] == 2.0
+    first = out.read_bytes()
+    with pytest.raises(ValueError, match=r"toy.parquet was released before by another run .*replace_releases"):
+        audit_at(4.0)
+    assert out.read_bytes() == first and len(read_entries(log)) == 1  # refused before the run: nothing spent
+    audit_at(4.0, replace_release=True)
+    _, record = release("toy", epsilon=4.0, backbone="toy")
+    vector = tmp_path / "toy.safetensors"
+    publish(log, mechanism="fine-tune", record=record, where={"backbone": "toy", "task": "toy"},
+            files=[(vector, {"w": torch.zeros(2)}, "task_vector")])
+
+    def ledger_of(audits):
+        outputs = {name: str(tmp_path / f"ledger.{name}") for name in ("parquet", "md", "json", "audits")}
+        ledger(task_vectors=[str(vector)], audits=audits, release_log=str(log), out=outputs["parquet"],
+               report=outputs["md"], check_out=outputs["json"], audits_out=outputs["audits"])
+        return json.loads(Path(outputs["json"]).read_text()), Path(outputs["md"]).read_text()
+
+    verdict, report = ledger_of([str(out)])
+    assert verdict["verdict"] == "PASS" and verdict["earlier_audits"] == {"replaced": 1}
+    assert "| toy | toy | replace_one | 1 | 0 | 2 |" in report  # one release, two audit runs composed
+    assert "individual (replaced: from the release log)" in report
+    out.unlink()
+    verdict, report = ledger_of([])
+    assert verdict["verdict"] == "PASS" and verdict["earlier_audits"] == {"deleted": 2}
+    assert "| toy | toy | replace_one | 1 | 0 | 2 |" in report
+    # rows the log does not hold (edited, or written outside the study's runs) are named
+    rows = read_entries(log)[0]["metadata"]["rows"]
+    pd.DataFrame([{**rows[0], "epsilon_lb": 0.0}]).to_parquet(out)
+    with pytest.raises(ValueError, match="toy.parquet: its content matches no release the log holds"):
+        ledger_of([str(out)])

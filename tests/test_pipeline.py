@@ -336,6 +336,12 @@ def test_changed_statistics_setting_reruns_only_those_statistics_and_downstream(
     changed["merge"]["fisher"]["statistics"]["epsilon"] = 2.0
     config = finished_run / "changed_statistics.yaml"
     config.write_text(yaml.safe_dump(changed))
+    # a private statistic is a release: another one at its path is the user's explicit choice (tests/
+    # test_release_log.py), and then only those statistics and what reads them rerun
+    result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
+    assert result.returncode != 0 and "4 release(s) would be made again" in result.stdout + result.stderr
+    changed.setdefault("privacy", {})["replace_releases"] = True
+    config.write_text(yaml.safe_dump(changed))
     result = snakemake(finished_run, "-n", "--configfile", str(config), "--rerun-triggers", "params", "mtime", "input")
     assert result.returncode == 0, result.stderr[-2000:]
     assert planned_jobs(result.stdout + result.stderr) == {

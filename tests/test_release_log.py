@@ -18,6 +18,7 @@ from dpmerge.privacy.release_log import (
     append,
     check_replacement,
     publish,
+    publish_tensors,
     read_entries,
     release_log_path,
 )
@@ -94,6 +95,26 @@ def test_a_release_whose_bytes_changed_is_refused_by_every_reader_naming_it(tmp_
         load_tensors(path)
 
 
+def test_a_private_statistic_is_logged_with_its_hash_and_a_merge_refuses_it_once_a_byte_changed(study):
+    from dpmerge.stages.merge import statistics_source_of
+
+    log, results = study
+    path = results / "statistics/fisher.safetensors"
+    meta = {"artifact": "merge_statistics", "kind": "fisher", "source": "private", "tasks": ["digits"],
+            "records": [{"task": "digits", "task_vector_sha256": "v" * 64}]}
+    publish_tensors(log, mechanism="statistic", path=path, tensors={"0/w": torch_full(1.0)}, metadata=meta,
+                    artifact="merge_statistics", settings={"statistic": {"epsilon": 1.0}})
+    (entry,) = read_entries(log)
+    assert entry["files"] == [{"path": "statistics/fisher.safetensors", "artifact": "merge_statistics",
+                               "tensors_sha256": read_metadata(path)["tensors_sha256"]}]
+    assert entry["settings"] == {"statistic": {"epsilon": 1.0}} and entry["metadata"]["records"] == meta["records"]
+    inputs = [{"path": "digits.safetensors", "sha256": "v" * 64}]
+    statistics_source_of(str(path), "fisher", [{"task": "digits"}], inputs)
+    flip_last_byte(path)
+    with pytest.raises(SafetensorsFileError, match="fisher.safetensors: its tensors do not match the SHA-256"):
+        statistics_source_of(str(path), "fisher", [{"task": "digits"}], inputs)
+
+
 def flip_last_byte(path, keep_mtime=False):
     stat = path.stat()
     data = bytearray(path.read_bytes())
@@ -152,7 +173,7 @@ def test_a_changed_setting_does_not_forget_the_first_releases(workdir):
         changed = run(workdir, "--config", "backbones={effnet: {finetune: {lr: 0.003}}}", *dry)
         output = changed.stdout + changed.stderr
         assert changed.returncode != 0
-        assert "2 fine-tune(s) would release again where this study already released with other settings" in output
+        assert "2 release(s) would be made again where this study already released with other settings" in output
         assert "hparams.lr 0.002 -> 0.003" in output and "privacy: {replace_releases: true}" in output
     # nothing ran, so Snakemake deleted nothing: the first release is on disk as released, and logged once
     assert vector.read_bytes() == first and len(read_entries(release_log)) == 2
@@ -200,3 +221,50 @@ def test_a_flipped_byte_in_a_release_is_caught_naming_the_file(workdir, keep_mti
     assert "textures.safetensors: its tensors do not match the SHA-256 its record carries" in logs
     if keep_mtime:  # the failed ledger's outputs are removed by Snakemake; its log says why
         assert "privacy ledger check failed" in (workdir / "results/logs/privacy_ledger.log").read_text()
+
+
+def private_fisher(epsilon, *more):
+    return ["--config", f"merge={{fisher: {{statistics: {{data: private, examples: 16, clip_norm: 0.01, "
+                        f"epsilon: {epsilon}}}}}}}", *more]
+
+
+def test_a_private_statistic_is_a_release_the_ledger_composes_after_it_is_replaced(workdir):
+    """A private merge statistic reads the tasks' training data: logged before it is written, refused where the
+    log holds another one at its path, and composed from the log once its file is replaced."""
+    release_log = workdir / "results/private/releases.jsonl"
+    statistic = workdir / "results/statistics/effnet/eps4/naive_dp/s0/fisher.safetensors"
+    first = run(workdir, *private_fisher(1.0), targets=TARGETS[:1])
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    entry = read_entries(release_log)[-1]
+    assert entry["files"] == [{"path": "statistics/effnet/eps4/naive_dp/s0/fisher.safetensors",
+                               "artifact": "merge_statistics",
+                               "tensors_sha256": read_metadata(statistic)["tensors_sha256"]}]
+    assert [r["statistic_epsilon"] for r in entry["metadata"]["records"]] == [1.0, 1.0]
+    assert check(workdir)["statistics"] == 2 and check(workdir)["earlier_statistics"] == {}
+
+    # another budget for the statistic: refused before any job, so Snakemake deletes nothing
+    before = statistic.read_bytes()
+    refused = run(workdir, *private_fisher(2.0), targets=TARGETS[:1])
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "1 release(s) would be made again" in output
+    assert "fisher.safetensors: statistic.epsilon 1.0 -> 2.0" in output and statistic.read_bytes() == before
+    # the stage's own check: the full identity (the vectors it reads too), before it reads any data
+    from dpmerge.stages.merge import statistics_mechanism
+
+    vectors = [read_metadata(workdir / f"results/taskvectors/effnet/eps4/naive_dp/s0/{t}.safetensors")
+               for t in ("digits", "textures")]
+    with pytest.raises(ValueError, match="fisher.safetensors was released before by another run"):
+        statistics_mechanism(str(workdir / "results/private/study.key"), "fisher", vectors, [r["task_vector_sha256"]
+                             for r in entry["metadata"]["records"]], str(statistic), False,
+                             {"examples": 16, "clip_norm": 0.01, "epsilon": 2.0})
+
+    allowed = run(workdir, *private_fisher(2.0, "privacy={replace_releases: true}"), targets=TARGETS[:1])
+    assert allowed.returncode == 0, allowed.stdout[-3000:] + allowed.stderr[-3000:]
+    verdict = check(workdir)
+    assert verdict["verdict"] == "PASS" and verdict["earlier_statistics"] == {"replaced": 2}  # one row per task
+    statistics = pd.read_parquet(workdir / "results/privacy/merge_statistics.parquet")
+    assert sorted(zip(statistics["statistic_epsilon"], statistics["status"])) == [
+        (1.0, "replaced"), (1.0, "replaced"), (2.0, "current"), (2.0, "current")]
+    report = (workdir / "results/privacy/ledger.md").read_text()
+    assert "| digits | effnet | replace_one | 1 | 2 |" in report  # one fine-tune, both statistics composed
+    assert "fisher.safetensors (replaced) | fisher | private |" in report

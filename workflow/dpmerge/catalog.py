@@ -22,7 +22,13 @@ from dpmerge.methods import (  # noqa: F401 - fine-tuning methods
     sweep_label,
 )
 from dpmerge.models.registry import BACKBONES  # noqa: F401 - the catalog's backbone kinds
-from dpmerge.privacy.release_log import backbone_settings, changed_settings, run_settings  # noqa: F401
+from dpmerge.privacy.release_log import (  # noqa: F401
+    audit_run_settings,
+    backbone_settings,
+    changed_settings,
+    run_settings,
+    statistics_settings,
+)
 from dpmerge.report.captions import (  # noqa: F401 - the tables' captions and the figures' titles
     ablation_table_caption,
     epsilon_sweep_table_caption,

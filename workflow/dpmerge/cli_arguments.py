@@ -18,8 +18,8 @@ from dpmerge.cli_types import (
     STUDY_KEY_HELP,
     DefaultsShown,
     NamedPaths,
+    add_replace_release,
     json_object,
-    yes_or_no,
 )
 
 TABLE_KINDS = {
@@ -165,10 +165,7 @@ def _fine_tuning(add) -> None:
     # nargs="?": the workflow passes the flag with an empty value for backbones that train their heads
     p.add_argument("--zeroshot-head", nargs="?", default=None, const=None,
                    help="frozen head from 'dpmerge zeroshot-head' (CLIP backbones); otherwise a fresh head is trained")
-    p.add_argument("--replace-release", nargs="?", const=True, default=False, type=yes_or_no,
-                   help="release even where the study's release log holds another run's release at these paths "
-                        "(the earlier one keeps counting in the ledger); also '--replace-release no' or 'yes' "
-                        "(default: no, refuse)")
+    add_replace_release(p)
 
 
 def _checkpoints_and_statistics(add) -> None:
@@ -220,6 +217,7 @@ def _checkpoints_and_statistics(add) -> None:
                    help="their task heads, same order (fisher's loss reads them)")
     p.add_argument("--data", nargs="+", required=True, help="prepared task files, one per task vector")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_replace_release(p)
     p.add_argument("-o", "--out", required=True, help="statistics .safetensors")
 
 

@@ -5,7 +5,7 @@ torch-free and free of the config check.
 
 from __future__ import annotations
 
-from dpmerge.cli_types import SPEC_HELP, STUDY_KEY_HELP, KeyValues, NamedGroups, json_object
+from dpmerge.cli_types import SPEC_HELP, STUDY_KEY_HELP, KeyValues, NamedGroups, add_replace_release, json_object
 from dpmerge.merge.specs import DENOISERS
 from dpmerge.methods import METHODS
 
@@ -45,6 +45,7 @@ def audits(add) -> None:
     p.add_argument("--keep-run", default=None,
                    help="private file (mode 0600) keeping the run's vector, head and canaries with their secret "
                         "coins, for 'dpmerge audit-merge'")
+    add_replace_release(p)
     p.add_argument("-o", "--out", required=True, help="the audit's row .parquet")
 
     p = add("audit-report", "audit.audit_report", "The audits' table (per backbone, method and target epsilon: "

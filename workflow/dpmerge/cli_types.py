@@ -104,3 +104,11 @@ SPEC_HELP = 'backbone config entry as JSON, e.g. \'{"kind": "efficientnet_lite0"
 STUDY_KEY_HELP = ("the study's secret key file (created with mode 0600 if missing; the workflow keeps it at "
                   "<results>/private/study.key): it keys every random draw, so keep it private and back it up")
 
+
+
+def add_replace_release(parser) -> None:
+    """--replace-release, for every command that releases (finetune, statistics --source private, audit)."""
+    parser.add_argument("--replace-release", nargs="?", const=True, default=False, type=yes_or_no,
+                        help="release even where the study's release log holds another run's release at this "
+                             "path (the earlier one keeps counting in the ledger); also '--replace-release no' or "
+                             "'yes' (default: no, refuse)")

@@ -33,6 +33,8 @@ rule audit:
         mem_mb=backbone_resource("mem_mb", 6000),
         runtime=backbone_resource("runtime", "12h"),
         gpu=gpus,
+        # not a setting of the release: a resource, so changing it reruns nothing (finetune.smk)
+        replace_release="yes" if config["privacy"]["replace_releases"] else "no",
     shell:
         "export DPMERGE_GPU_JOB={resources.gpu}; "
         "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
@@ -40,7 +42,8 @@ rule audit:
         "--seed {params.seed} --hparams {params.hparams:q} --kind {wildcards.kind} --canaries {params.canaries} "
         "--audit-delta {params.delta} --confidence {params.confidence} {params.groups} "
         f"--study-key {STUDY_KEY} "
-        "--threads {threads} --keep-run {output.run} -o {output.row} > {log} 2>&1"
+        "--threads {threads} --keep-run {output.run} --replace-release {resources.replace_release} "
+        "-o {output.row} > {log} 2>&1"
 
 
 rule audit_merge:

@@ -125,35 +125,3 @@ def table_scores(wildcards):
 
 def table_curves(wildcards):
     return [INTERPOLATION.format(**g) for g in table_groups(wildcards) if diagnosed(g) and not head_only(g["method"])]
-
-
-# A release is forever (dpmerge/privacy/release_log.py). Before any job, and so before Snakemake deletes an earlier
-# release's files to run its fine-tune again, a fine-tune whose settings differ from those its output path was
-# released with is refused, unless the study allows replacing releases (the stage checks the full identity too).
-def planned_fine_tunes():
-    """Output path -> run_settings of every fine-tune the study plans, as the rule would pass them."""
-    planned = {}
-    for group in all_groups():
-        for task in config["backbones"][group["backbone"]]["tasks"]:
-            wildcards = SimpleNamespace(task=task, **{k: group[k] for k in ("backbone", "eps", "method", "seed")})
-            planned[TV.format(**vars(wildcards))] = run_settings(
-                method=group["method"],
-                epsilon=epsilon_of_label(group["eps"]),
-                seed=seed_number(wildcards),
-                hparams=json.loads(finetune_hparams(wildcards)),
-                backbone_settings=backbone_settings(json.loads(backbone_spec(wildcards))),
-            )
-    return planned
-
-
-if workflow.is_main_process and os.path.exists(RELEASE_LOG) and not config["privacy"]["replace_releases"]:
-    _changed = changed_settings(RELEASE_LOG, planned_fine_tunes())
-    if _changed:
-        _path, _differences = _changed[0]
-        raise ConfigError(
-            f"{len(_changed)} fine-tune(s) would release again where this study already released with other "
-            f"settings, e.g. {_path}: {'; '.join(_differences[:3])}. A release is forever: the earlier releases may "
-            "be published, and their budget is spent whatever happens to their files. Restore the settings they "
-            "were made with, write to another results folder (results:), or set privacy: {replace_releases: true} "
-            "to release anyway (the ledger then composes both)."
-        )

@@ -26,10 +26,12 @@ rule merge_statistics:
         mem_mb=backbone_resource("mem_mb", 4000),
         gpu=gpus,
         runtime="1h",
+        # not a setting of the release: a resource, so changing it reruns nothing (finetune.smk)
+        replace_release="yes" if config["privacy"]["replace_releases"] else "no",
     shell:
         "export DPMERGE_GPU_JOB={resources.gpu}; "
         "dpmerge statistics {params.flags} {params.public} "
-        f"--study-key {STUDY_KEY} "
+        f"--study-key {STUDY_KEY} --replace-release {{resources.replace_release}} "
         "--backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
         "-o {output} > {log} 2>&1"

@@ -17,6 +17,7 @@ from dpmerge.catalog import (
     PROPOSED,
     SWEPT_PARAMETERS,
     ablation_table_caption,
+    audit_run_settings,
     backbone_settings,
     changed_settings,
     check_config,
@@ -36,6 +37,7 @@ from dpmerge.catalog import (
     run_settings,
     sensitivity_table_caption,
     sharpness_drift_figure_title,
+    statistics_settings,
     sweep_label,
 )
 

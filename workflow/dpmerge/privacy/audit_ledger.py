@@ -50,9 +50,14 @@ def build_audit_ledger(paths: list[str]) -> pd.DataFrame:
     """One row per audited model: every row of every audit file (`dpmerge audit`, `dpmerge audit-merge`,
     `dpmerge audit-pool`). A merged or pooled row runs no mechanism of its own: its claim is that of the audit
     runs it read, recomputed from their rows here."""
+    return audit_ledger_of_rows([(path, pd.read_parquet(path).to_dict("records")) for path in paths])
+
+
+def audit_ledger_of_rows(files: list[tuple[str, list[dict]]]) -> pd.DataFrame:
+    """build_audit_ledger's table from each file's (path, rows), e.g. as the release log holds them."""
     rows = []
-    for path in paths:
-        for row in pd.read_parquet(path).to_dict("records"):
+    for path, file_rows in files:
+        for row in file_rows:
             pooled = json.loads(row["pooled_runs"]) if isinstance(row.get("pooled_runs"), str) else None
             derived = row.get("model") == "merged" or pooled is not None
             record = {} if derived else json.loads(row["privacy_record"])
@@ -144,6 +149,7 @@ def audit_report(audits: pd.DataFrame) -> list[str]:
     for row in audits.itertuples():
         model = row.model if row.model == "individual" else f"merged ({row.operator})"
         model += ", pooled" if isinstance(row.pooled_runs, str) else ""
+        model += "" if getattr(row, "status", "current") == "current" else f" ({row.status}: from the release log)"
         lines.append(f"| {row.backbone} | {row.task} | {row.method} | {row.target_epsilon} | {row.audit} | {model} "
                      f"| {row.group} "
                      f"| {row.canaries} | {row.correct} / {row.guesses} | {row.epsilon_lb:.3f} | "

@@ -290,9 +290,13 @@ STATISTICS_COLUMNS = ["path", "kind", "source", "public_dataset", "backbone", "m
 def build_statistics_ledger(paths: list[str]) -> pd.DataFrame:
     """One row per task of every merge-statistics file: its data source and, for private statistics, the
     budget composed with that task's fine-tuning."""
+    return statistics_of_records([(path, read_metadata(path)) for path in paths])
+
+
+def statistics_of_records(files: list[tuple[str, dict]]) -> pd.DataFrame:
+    """build_statistics_ledger's table from each file's (path, metadata), e.g. as the release log holds them."""
     rows = []
-    for path in paths:
-        meta = read_metadata(path)
+    for path, meta in files:
         for record in meta.get("records", []):
             rows.append({"path": str(path), "kind": meta.get("kind"), "source": meta.get("source"),
                          "backbone": meta.get("backbone"), "method": meta.get("method"),
@@ -425,7 +429,21 @@ def ledger_check(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataF
             "post_processed": int(post_processed),
             "lower_bound_ratio": lower,
             "statistics": 0 if statistics is None else int(len(statistics)),
-            "audits": 0 if audits is None else int(len(audits)), "independent_gap_percent": gap}
+            "audits": 0 if audits is None else int(len(audits)), "independent_gap_percent": gap,
+            "earlier_statistics": _by_status(statistics), "earlier_audits": _by_status(audits)}
+
+
+def _by_status(table: pd.DataFrame | None) -> dict[str, int]:
+    """How many rows of a statistics or audit table are earlier releases the log holds, per status."""
+    if table is None or "status" not in table or not len(table):
+        return {}
+    return {str(k): int(v) for k, v in table["status"][table["status"] != "current"].value_counts().items()}
+
+
+def _as_released(row) -> str:
+    """A file's path, with its status when the release log holds it from an earlier run (gone or replaced)."""
+    status = getattr(row, "status", "current")
+    return row.path if status == "current" or not isinstance(status, str) else f"{row.path} ({status})"
 
 
 def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
@@ -438,8 +456,9 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
              + (f", and {len(derived)} post-processings of them." if len(derived) else ".")
              + (f" {len(earlier)} of them the release log holds from earlier runs, their files no longer as "
                 "released; they count in every composition below (listed at the end)." if len(earlier) else "")
-             + (f" The study's release log holds {logged_runs} released runs (each a task vector and its head), "
-                "every one written in this results folder; every file here was checked against it."
+             + (f" The study's release log holds {logged_runs} released runs (fine-tunes' task vectors and heads, "
+                "private statistics, audit runs, mixtures), every one written in this results folder; every file "
+                "here was checked against it."
                 if logged_runs is not None else ""), "",
              THREAT_MODEL.format(relations="; ".join(RELATIONS.get(r, r) for r in relations) or "none recorded"),
              ""]
@@ -504,7 +523,7 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
             sigma = "--" if pd.isna(row.noise_multiplier) else f"{float(row.noise_multiplier):.3f}"
             rate = "--" if pd.isna(row.sample_rate) else f"{float(row.sample_rate):.3f}"
             data = f"public: {row.public_dataset}" if row.source == "public" else "private"
-            lines.append(f"| {row.path} | {row.kind} | {data} | {row.method} | {row.target_epsilon} | "
+            lines.append(f"| {_as_released(row)} | {row.kind} | {data} | {row.method} | {row.target_epsilon} | "
                          f"{row.task} | {row.examples} | {rate} | {sigma} | {total} |")
     if audits is not None:
         from dpmerge.privacy.audit_ledger import audit_report

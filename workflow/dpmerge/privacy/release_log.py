@@ -6,15 +6,17 @@ reruns the job, and people delete files; neither touches this log, which lives b
 `<results>/private/releases.jsonl` (mode 0600 in the 0700 folder: it holds keyed tags, and it is where a study's
 history is kept, not a release).
 
-One line per run that releases (a fine-tune's task vector and head, one mechanism; a mixture's or combination's,
-marked as post-processing of the releases it is a function of): its files (each path relative
-to the results folder and the SHA-256 of its tensors), the metadata the files carry (privacy record, backbone,
-task) and the run's mechanism tag (`study_key.mechanism_fingerprint` of its full identity, keyed, so it says
-nothing without the key). The same identity under the same key draws the same randomness and writes the same
-tensors: a run repeated after its files were deleted is the same release, logged again and composed once. A run of
-another identity at a path the log already holds is a new release of the same data; it is refused unless the
-study allows replacing (`privacy.replace_releases`, `dpmerge finetune --replace-release`), and then the earlier
-release stays in the log and in the composition.
+One line per run that releases: a fine-tune's task vector and head (one mechanism); a private merge statistic's
+file (one mechanism per task); an audit run's rows (its bound is computed from a run on the task's data); a
+mixture or combination, marked as post-processing of the releases it is a function of. Each line holds its files
+(path relative to the results folder, SHA-256 of the tensors, or of the bytes for an audit's Parquet rows), the
+metadata the files carry (privacy records, backbone, task) and the run's mechanism tag
+(`study_key.mechanism_fingerprint` of its full identity, keyed, so it says nothing without the key). The same
+identity under the same key draws the same randomness and writes the same content: a run repeated after its files
+were deleted is the same release, logged again and composed once. A run of another identity at a path the log
+already holds is a new release of the same data; it is refused unless the study allows replacing
+(`privacy.replace_releases`, `--replace-release`), and then the earlier release stays in the log and in the
+composition.
 
 What the log cannot do: it remembers only what this results folder's runs wrote. A user who deletes or edits
 the log (or the whole results folder) erases that memory, and the ledger then composes only what remains.
@@ -23,6 +25,7 @@ the log (or the whole results folder) erases that memory, and the ledger then co
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -138,6 +141,47 @@ def publish(log: str | Path, *, mechanism: str, record: dict, where: dict,
         save_released(path, tensors, record, {**where, "artifact": artifact})  # its metadata carries the same hash
 
 
+def publish_tensors(log: str | Path, *, mechanism: str, path: str | Path, tensors: dict, metadata: dict,
+                    artifact: str, settings: dict | None = None) -> None:
+    """Release one file of tensors that is no fine-tune (a private merge statistic): logged first with the SHA-256
+    of its tensors and its metadata (which holds its privacy records), then written with the same hash in its own
+    metadata, which every reader checks."""
+    from dpmerge.artifacts import RELEASE_HASH, save_tensors, tensors_sha256
+
+    append(log, mechanism=mechanism, metadata=metadata, settings=settings,
+           files=[{"path": relative_path(log, path), "artifact": artifact, "tensors_sha256": tensors_sha256(tensors)}])
+    save_tensors(path, tensors, {**metadata, RELEASE_HASH: ""})
+
+
+def publish_file(log: str | Path, *, mechanism: str, path: str | Path, write, metadata: dict, artifact: str,
+                 settings: dict | None = None) -> None:
+    """Release one file that is not tensors (an audit's rows): `write(tmp)` writes it to a temporary file, whose
+    bytes' SHA-256 is logged with `metadata` before the file is renamed into place. The log's metadata must hold
+    everything the ledger composes, since the file may be gone when the ledger runs."""
+    from dpmerge.artifacts import atomic_write
+
+    def logged(tmp):
+        write(tmp)
+        append(log, mechanism=mechanism, metadata=metadata, settings=settings,
+               files=[{"path": relative_path(log, path), "artifact": artifact, "sha256": file_sha256(tmp)}])
+
+    atomic_write(path, logged)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (a release that is not tensors: its bytes are its content)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def logged_hash(file: dict) -> str:
+    """The hash a log entry's file was released with: of its tensors, or of its bytes where it holds no tensors."""
+    return file.get("tensors_sha256") or file.get("sha256", "")
+
+
 # Where the weights and the job are, not what they are (the weights' hash is in the identity already): moving a
 # checkpoint file or running on another device draws the same randomness and makes the same release.
 LOCATION_SETTINGS = ("checkpoint", "cache_dir", "device")
@@ -157,8 +201,24 @@ def run_settings(*, method: str, epsilon: float | None, seed: int, hparams: dict
                                  sort_keys=True, default=str))
 
 
+def statistics_settings(*, kind: str, examples: int, clip_norm: float, epsilon: float) -> dict:
+    """A private merge statistic's settings as the workflow gives them to `dpmerge statistics`, in one comparable
+    form (the task vectors it reads are in its identity too, and their own settings are the fine-tunes')."""
+    return {"statistic": {"kind": kind, "examples": int(examples), "clip_norm": float(clip_norm),
+                          "epsilon": float(epsilon)}}
+
+
+def audit_run_settings(run: dict, *, kind: str, canaries: int, groups: dict | None) -> dict:
+    """An audit run's settings: the fine-tune's (`run_settings`) and what makes it an audit (its kind, how many
+    canaries, and a black-box audit's groups, which choose its canaries). The delta and confidence its bound is
+    stated at are not: they post-process the run's scores, the same run."""
+    return json.loads(json.dumps({**run, "audit": {"kind": kind, "canaries": int(canaries), "groups": groups or {}}},
+                                 sort_keys=True, default=str))
+
+
 def changed_settings(log: str | Path, planned: dict[str, dict]) -> list[tuple[str, list[str]]]:
-    """(path, what differs) for each planned fine-tune output (path -> run_settings) whose latest logged release
+    """(path, what differs) for each planned release (path -> run_settings, statistics_settings or
+    audit_run_settings) whose latest logged release
     at that path was made with other settings; paths the log does not hold, or holds without settings, are new."""
     latest: dict[str, dict] = {}
     for entry in read_entries(log):

@@ -30,6 +30,15 @@ from dpmerge.models.spec import backbone_from_spec
 from dpmerge.privacy.audit import audit_scores, exposure_difference
 from dpmerge.privacy.audit_ledger import build_audit_ledger, claimed_epsilon
 from dpmerge.privacy.randomness import MechanismRandomness
+from dpmerge.privacy.release_log import (
+    ReleaseLogError,
+    audit_run_settings,
+    check_replacement,
+    publish_file,
+    release_log_path,
+    run_settings,
+)
+from dpmerge.privacy.study_key import mechanism_fingerprint
 from dpmerge.report.audit import audit_summary, group_summary, plot_audit, write_audit_table
 from dpmerge.stages.common import log, write_parquet
 from dpmerge.stages.finetune import backbone_settings, training_inputs
@@ -44,13 +53,16 @@ AUDIT_KINDS = ("white_box", "black_box")
 def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams: dict, epsilon: float | None,
           seed: int, study_key: str, out: str, canaries: int = 1000, audit_delta: float = AUDIT_DELTA,
           confidence: float = 0.95, zeroshot_head: str | None = None, kind: str = "white_box",
-          keep_run: str | None = None, groups: dict[str, list[str]] | None = None) -> dict:
+          keep_run: str | None = None, groups: dict[str, list[str]] | None = None,
+          replace_release: bool = False) -> dict:
     """Run `method` on the task in `data` with `canaries` canaries of `kind` and write one Parquet row: epsilon_lb
     at `audit_delta` and `confidence`, the accountant's epsilon for the run at that delta, and the verdict (FAIL
     when the bound exceeds the claim). Returns the row. `keep_run`: a private file (mode 0600) keeping the run's
     vector, head and canaries with their coins, for `audit_merged`. `groups` (black-box only): {name: class
     names}; each group's canaries (and the rest's) get a bound of their own, in rows beside the whole audit's
-    (`group` "all"), e.g. whether a class with a spurious feature is more exposed."""
+    (`group` "all"), e.g. whether a class with a spurious feature is more exposed. The rows are a release of the
+    task's data: logged in the study's release log before they are written, and refused where the log holds
+    another run's audit at `out` unless `replace_release`."""
     if kind not in AUDIT_KINDS:
         raise ValueError(f"--kind must be one of {', '.join(AUDIT_KINDS)}, got {kind!r}")
     if canaries < 2:
@@ -61,18 +73,17 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     prepared, network, config, head, key = training_inputs(
         backbone_spec=backbone_spec, data=data, method=method, hparams=hparams, epsilon=epsilon, seed=seed,
         study_key=study_key, zeroshot_head=zeroshot_head)
-    for name, classes in (groups or {}).items():  # before the run: a typo must not cost a training run
-        unknown = sorted(set(classes) - set(prepared["class_names"]))
-        if unknown or name in ("all", "rest"):
-            raise ValueError(f"--group {name}: {unknown or name!r} is not a class of {prepared['task']} "
-                             f"({', '.join(prepared['class_names'])}) or is a reserved group name")
+    check_groups(groups or {}, prepared)  # before the run: a typo must not cost a training run
+    # a black-box audit's groups choose its canaries: another mechanism, whose coins must be its own
     identity = {"backbone": backbone, "task": prepared["task"], "method": method,
-                "backbone_settings": backbone_settings(backbone_spec), "audit": {"kind": kind, "canaries": canaries}}
+                "backbone_settings": backbone_settings(backbone_spec),
+                "audit": {"kind": kind, "canaries": canaries, **({"groups": groups} if groups else {})}}
     num_classes = prepared["task_spec"]["num_classes"]
+    # keyed by the audit run's full identity (every setting, the seed, the weights), as its sampler and noise are
+    mechanism = finetune_identity(config, identity, network.checkpoint_sha256)
+    release_log, tag = checked_release(study_key, mechanism_fingerprint(key, mechanism), out, replace_release)
     inputs = None
     if kind == "black_box":
-        # keyed by the audit run's full identity (every setting, the seed, the weights), as its sampler and noise are
-        mechanism = finetune_identity(config, identity, network.checkpoint_sha256)
         grouped = {prepared["class_names"].index(c) for classes in (groups or {}).values() for c in classes}
         inputs = held_out_canaries(prepared, canaries, num_classes, MechanismRandomness(key, mechanism, config.rng),
                                    grouped)
@@ -105,11 +116,36 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     if groups:
         rows += group_rows(row, groups, prepared["class_names"], inputs.true_labels, scores, included, audit_delta,
                            confidence, claimed)
-    write_parquet(rows, out)
+    rows = [{k: v.item() if hasattr(v, "item") else v for k, v in r.items()} for r in rows]  # JSON's own types
+    settings = audit_run_settings(run_settings(method=method, epsilon=epsilon, seed=seed, hparams=hparams,
+                                           backbone_settings=backbone_settings(backbone_spec)),
+                              kind=kind, canaries=canaries, groups=groups)
+    publish_file(release_log, mechanism=tag, path=out, artifact="audit", settings=settings,
+                 write=lambda tmp: pd.DataFrame(rows).to_parquet(tmp, index=False),
+                 metadata={**identity, "target_epsilon": row["target_epsilon"], "seed": seed, "rows": rows})
     log(f"[audit] {backbone}/{prepared['task']}/{method}: epsilon_lb {bound['epsilon_lb']:.3f} at delta "
         f"{audit_delta:g} ({bound['correct']}/{bound['guesses']} guesses right, {canaries} canaries), claimed "
         f"{claimed:.3f}: {row['verdict']}")
     return row
+
+
+def checked_release(study_key: str, tag: str, out: str, replace_release: bool):
+    """(the study's release log, the run's tag), once the log holds no other run's audit at `out` (or replacing
+    is allowed): checked before the run, so a refused release costs no training."""
+    release_log = release_log_path(study_key)
+    try:
+        check_replacement(release_log, [out], tag, allowed=replace_release)
+    except ReleaseLogError as error:
+        raise ValueError(str(error)) from None
+    return release_log, tag
+
+
+def check_groups(groups: dict[str, list[str]], prepared: dict) -> None:
+    for name, classes in groups.items():
+        unknown = sorted(set(classes) - set(prepared["class_names"]))
+        if unknown or name in ("all", "rest"):
+            raise ValueError(f"--group {name}: {unknown or name!r} is not a class of {prepared['task']} "
+                             f"({', '.join(prepared['class_names'])}) or is a reserved group name")
 
 
 def require_power(canaries: int, delta: float, name: str) -> None:

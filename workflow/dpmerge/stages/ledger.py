@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpmerge.artifacts import PRIVACY_FIELDS, atomic_write, read_metadata
-from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
+from dpmerge.privacy.audit_ledger import audit_ledger_of_rows, build_audit_ledger, check_audits
 from dpmerge.privacy.ledger import (
     build_ledger,
     build_statistics_ledger,
@@ -19,8 +19,9 @@ from dpmerge.privacy.ledger import (
     ledger_check,
     ledger_of_records,
     ledger_report,
+    statistics_of_records,
 )
-from dpmerge.privacy.ledger_log import CURRENT, check_against_log
+from dpmerge.privacy.ledger_log import CURRENT, LOGGED_ARTIFACTS, check_against_log
 from dpmerge.privacy.release_log import ReleaseLogError, read_entries
 from dpmerge.stages.common import log, recorded_paths
 
@@ -40,28 +41,28 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
                              "'dpmerge mix' or 'dpmerge combine' write them); plain task vectors can still be merged "
                              "('dpmerge merge') and measured ('dpmerge drift')")
     table = build_ledger(task_vectors)
-    table["status"] = CURRENT
-    log_problems, earlier, logged_runs = [], [], None
+    log_problems, earlier, logged_runs = [], {kind: [] for kind in LOGGED_ARTIFACTS}, None
     if release_log is not None:
         try:
             entries = read_entries(release_log)
-            log_problems, earlier = check_against_log(release_log, entries, task_vectors)
-            logged_runs = len(entries)
         except ReleaseLogError as error:
             raise ValueError(str(error)) from None
-    statistics_table = build_statistics_ledger(statistics or [])
-    audit_table = build_audit_ledger(audits or [])
+        for kind, files in zip(LOGGED_ARTIFACTS, (task_vectors, statistics or [], audits or [])):
+            problems, earlier[kind] = check_against_log(release_log, entries, files, kind)
+            log_problems += problems
+        logged_runs = len(entries)
+    statistics_table = with_earlier(build_statistics_ledger(statistics or []), earlier["merge_statistics"],
+                                    statistics_of_records)
+    audit_table = with_earlier(build_audit_ledger(audits or []), earlier["audit"],
+                               lambda logged: audit_ledger_of_rows([(path, meta["rows"]) for path, meta in logged]))
     inputs = [*task_vectors, *(statistics or []), *(audits or [])]
     named = dict(zip(inputs, recorded_paths(inputs, [p for p in (out, report, statistics_out, check_out,
                                                                    audits_out) if p])))
-    for frame in (table, statistics_table, audit_table):
-        frame["path"] = frame["path"].map(named)
-    if earlier:  # named relative to the results folder already, as the log names them
-        logged = ledger_of_records([(path, metadata) for path, metadata, _ in earlier])
-        logged["status"] = [status for *_, status in earlier]
-        table = pd.concat([table, logged], ignore_index=True)
-        if "tensors_sha256" in table:
-            table["tensors_sha256"] = table["tensors_sha256"].fillna("")
+    for frame in (table, statistics_table, audit_table):  # logged releases are named as the log names them
+        frame["path"] = [named.get(path, path) for path in frame["path"]]
+    table = with_earlier(table, earlier["task_vector"], ledger_of_records)
+    if "tensors_sha256" in table:
+        table["tensors_sha256"] = table["tensors_sha256"].fillna("")
     problems = log_problems + check_ledger(table) + check_statistics(statistics_table, table) + \
         check_audits(audit_table)
     atomic_write(out, lambda tmp: table.to_parquet(tmp, index=False))
@@ -77,3 +78,19 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     if problems:
         raise ValueError("privacy ledger check failed:\n  " + "\n  ".join(problems))
     log(f"[ledger] {len(table)} released task vectors, all within budget")
+
+
+def with_earlier(table: pd.DataFrame, earlier: list[tuple[str, dict, str]], build) -> pd.DataFrame:
+    """`table` (its files, status current) and the rows `build` makes of the release log's earlier releases
+    ((path, logged metadata, status): gone, replaced or outside the grid), each with its status. A task vector is
+    one row, built all at once (each distinct mechanism is accounted once); a statistics or audit file is several."""
+    table["status"] = CURRENT
+    if not earlier:
+        return table
+    if build is ledger_of_records:
+        logged = build([(path, metadata) for path, metadata, _ in earlier])
+        logged["status"] = [status for *_, status in earlier]
+    else:
+        logged = pd.concat([build([(path, metadata)]).assign(status=status) for path, metadata, status in earlier],
+                           ignore_index=True)
+    return pd.concat([table, logged], ignore_index=True)

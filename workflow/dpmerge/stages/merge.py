@@ -38,8 +38,15 @@ from dpmerge.merge.storage import personalized_storage
 from dpmerge.models.base import task_model_weights
 from dpmerge.models.spec import backbone_from_spec
 from dpmerge.privacy.release import check_public_dataset, check_release_group, merged_release_budget
-from dpmerge.privacy.statistics import fisher_statistics, gram_statistics, private_sample
-from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key
+from dpmerge.privacy.release_log import (
+    ReleaseLogError,
+    check_replacement,
+    publish_tensors,
+    release_log_path,
+    statistics_settings,
+)
+from dpmerge.privacy.statistics import fisher_statistics, gram_statistics, private_sample, statistic_identity
+from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
 from dpmerge.runtime import compute_section, progress
 from dpmerge.stages.common import (
     check_w0_content,
@@ -362,6 +369,7 @@ def statistics_source_of(path: str, kind: str, metas: list[dict], inputs: list[d
     meta = file.metadata
     if meta.get("artifact") != "merge_statistics" or meta.get("kind") != kind:
         raise ValueError(f"{path} is not a {kind} statistics file (from 'dpmerge statistics --kind {kind}')")
+    check_release_content(path, meta, tensors_sha256_of(file))  # a private statistic is a release: its hash holds
     if meta["tasks"] != [m["task"] for m in metas]:
         raise ValueError(f"{path} covers tasks {meta['tasks']}, the vectors are {[m['task'] for m in metas]}")
     for record, vector in zip(meta["records"], inputs):
@@ -384,30 +392,22 @@ def statistics_source_of(path: str, kind: str, metas: list[dict], inputs: list[d
 
 def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_vectors: list[str],
                heads: list[str], data: list[str], out: str, examples: int = 256, clip_norm: float | None = None,
-               epsilon: float | None = None, study_key: str | None = None, public_data: str | None = None) -> None:
+               epsilon: float | None = None, study_key: str | None = None, public_data: str | None = None,
+               replace_release: bool = False) -> None:
     """Per-task `kind` ("gram" or "fisher") statistics of each task model w0 + tau_t, from `source` "public"
     (a fixed subset of `public_data`, free) or "private" (a keyed Poisson sample of the task's own training
-    data, clipped to `clip_norm` and noised for `epsilon`, composed with the task's fine-tuning budget)."""
-    if not (len(task_vectors) == len(heads) == len(data)):
-        raise ValueError("give one --task-vectors, --heads and --data file per task, in the same order")
-    if source == "private" and (clip_norm is None or epsilon is None or study_key is None):
-        raise ValueError("--source private needs --clip-norm, --epsilon (the statistic's own budget) and "
-                         "--study-key (its sampler and noise are keyed by the study's secret key)")
-    if source == "public" and not public_data:
-        raise ValueError("--source public needs --public-data: the prepared file ('dpmerge prepare') of a "
-                         "dataset declared public, outside every private training set")
-    if source == "private" and public_data:
-        raise ValueError("--public-data is read only with --source public")
-
+    data, clipped to `clip_norm` and noised for `epsilon`, composed with the task's fine-tuning budget). A private
+    file is a release: logged in the study's release log before it is written (privacy/release_log.py), and
+    refused where the log holds another statistic at `out` unless `replace_release`."""
+    check_statistics_arguments(task_vectors, heads, data, source, clip_norm, epsilon, study_key, public_data)
     network = backbone_from_spec(backbone_spec)
     vectors, metas = read_task_vectors(task_vectors)
     w0 = checked_w0(base, metas, task_vectors)  # one read: checked and kept
-    key = None
-    if source == "private":
-        try:
-            key = load_or_create_key(study_key)
-        except StudyKeyError as error:
-            raise ValueError(f"--study-key: {error}") from None
+    vector_hashes = [file_tensors_sha256(path) for path in task_vectors]
+    key = mechanism = None
+    if source == "private":  # before any data is read: a refused release must cost nothing
+        key, mechanism = statistics_mechanism(study_key, kind, metas, vector_hashes, out, replace_release,
+                                              {"examples": examples, "clip_norm": clip_norm, "epsilon": epsilon})
     public = None
     if source == "public":
         public = load_prepared(public_data)
@@ -420,8 +420,7 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
         if prepared["task"] != meta["task"]:
             raise ValueError(f"{data_path} holds task {prepared['task']!r}, {task_vectors[index]} "
                              f"was trained on {meta['task']!r}")
-        record = {"task": meta["task"], "source": source,
-                  "task_vector_sha256": file_tensors_sha256(task_vectors[index])}
+        record = {"task": meta["task"], "source": source, "task_vector_sha256": vector_hashes[index]}
         clip, sigma, noise = None, 0.0, None
         if public is not None:
             # Public data needs no secret randomness: a fixed subset, the same for every task and run.
@@ -457,5 +456,40 @@ def statistics(*, kind: str, source: str, backbone_spec: dict, base: str, task_v
             "pretrained_sha256": metas[0]["pretrained_sha256"]}
     if public is not None:
         meta["public_dataset"] = public["task"]
-    save_tensors(out, tensors, meta)
+        save_tensors(out, tensors, meta)  # public data: no release of private data, nothing to log
+    else:
+        publish_tensors(release_log_path(study_key), mechanism=mechanism, path=out, tensors=tensors, metadata=meta,
+                        artifact="merge_statistics", settings=statistics_settings(
+                            kind=kind, examples=examples, clip_norm=clip_norm, epsilon=epsilon))
     log(f"[statistics] wrote {out}")
+
+
+def statistics_mechanism(study_key: str, kind: str, metas: list[dict], vector_hashes: list[str], out: str,
+                         replace_release: bool, settings: dict) -> tuple[bytes, str]:
+    """(the study key, the keyed tag of a private statistics file's mechanisms: one per task, each keyed by its
+    full identity as its sampler and noise are), once the release log holds no other release at `out` (or
+    replacing is allowed)."""
+    try:
+        key = load_or_create_key(study_key)
+    except StudyKeyError as error:
+        raise ValueError(f"--study-key: {error}") from None
+    mechanism = mechanism_fingerprint(key, {"statistics": [statistic_identity(kind, meta, digest, settings)
+                                                           for meta, digest in zip(metas, vector_hashes)]})
+    try:
+        check_replacement(release_log_path(study_key), [out], mechanism, allowed=replace_release)
+    except ReleaseLogError as error:
+        raise ValueError(str(error)) from None
+    return key, mechanism
+
+
+def check_statistics_arguments(task_vectors, heads, data, source, clip_norm, epsilon, study_key, public_data) -> None:
+    if not (len(task_vectors) == len(heads) == len(data)):
+        raise ValueError("give one --task-vectors, --heads and --data file per task, in the same order")
+    if source == "private" and (clip_norm is None or epsilon is None or study_key is None):
+        raise ValueError("--source private needs --clip-norm, --epsilon (the statistic's own budget) and "
+                         "--study-key (its sampler and noise are keyed by the study's secret key)")
+    if source == "public" and not public_data:
+        raise ValueError("--source public needs --public-data: the prepared file ('dpmerge prepare') of a "
+                         "dataset declared public, outside every private training set")
+    if source == "private" and public_data:
+        raise ValueError("--public-data is read only with --source public")
