@@ -115,6 +115,33 @@ def test_a_private_statistic_is_logged_with_its_hash_and_a_merge_refuses_it_once
         statistics_source_of(str(path), "fisher", [{"task": "digits"}], inputs)
 
 
+def test_a_streamed_file_carries_its_own_hash_in_the_place_the_header_kept_for_it(tmp_path):
+    from dpmerge.artifacts import file_tensors_sha256, write_tensors_streaming
+
+    tensors = {"b": torch_full(2.0), "a": torch_full(1.0)}
+    layout = {name: (value.dtype, tuple(value.shape)) for name, value in tensors.items()}
+    paths = [tmp_path / f"{name}.safetensors" for name in ("first", "second")]
+    orders = ({"z": 1, "tensors_sha256": "copied", "a": 2}, {"a": 2, "z": 1, "tensors_sha256": ""})
+    for path, metadata in zip(paths, orders):
+        write_tensors_streaming(path, layout, iter(tensors.items()), metadata)
+    assert paths[0].read_bytes() == paths[1].read_bytes()  # the same bytes whatever the metadata's order
+    assert read_metadata(paths[0])["tensors_sha256"] == file_tensors_sha256(paths[0]) == tensors_sha256(tensors)
+    flip_last_byte(paths[0])
+    with pytest.raises(SafetensorsFileError, match="first.safetensors: its tensors do not match the SHA-256"):
+        load_tensors(paths[0])
+
+
+def test_a_merged_model_carries_its_own_hash_and_a_changed_byte_is_refused_by_its_readers(workdir):
+    from dpmerge.artifacts import file_tensors_sha256
+
+    merged = workdir / "results/merged/effnet/eps4/naive_dp/s0/weight_averaging.safetensors"
+    assert read_metadata(merged)["tensors_sha256"] == file_tensors_sha256(merged)
+    load_tensors(merged)  # how the diagnostics read it
+    flip_last_byte(merged)
+    with pytest.raises(SafetensorsFileError, match="weight_averaging.safetensors: its tensors do not match"):
+        load_tensors(merged)
+
+
 def flip_last_byte(path, keep_mtime=False):
     stat = path.stat()
     data = bytearray(path.read_bytes())

@@ -307,10 +307,13 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
         nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
         header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
+    own_hash = bool(metadata) and RELEASE_HASH in metadata and not encoded
     if metadata:
-        # a record copied from a release names that release's tensors, not these (save_tensors)
-        header["__metadata__"] = {key: value if encoded else json.dumps(value, sort_keys=True)
-                                  for key, value in sorted(metadata.items()) if key != RELEASE_HASH}
+        # a record copied from a release names that release's tensors, not these (save_tensors): this file's own
+        # hash is written once its tensors are, over a placeholder of the same length in the header
+        header["__metadata__"] = {key: json.dumps(_PENDING_HASH) if key == RELEASE_HASH else
+                                  value if encoded else json.dumps(value, sort_keys=True)
+                                  for key, value in sorted(metadata.items()) if key != RELEASE_HASH or own_hash}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
 
@@ -338,8 +341,24 @@ def write_tensors_streaming(path: str | Path, layout: dict[str, tuple[torch.dtyp
         written = _open(tmp)
         if sorted(written.keys()) != sorted(names):
             raise ValueError(f"{path}: the written header lists other tensors than the layout")
+        if own_hash:
+            _write_own_hash(tmp, tensors_sha256_of(SafetensorsFile(tmp)))
 
     atomic_write(path, write)
+
+
+_PENDING_HASH = "?" * 64  # as long as a SHA-256 in hex, so the header keeps its length when the hash replaces it
+
+
+def _write_own_hash(path: str | Path, digest: str) -> None:
+    """Replace the header's placeholder with the file's own tensors_sha256 (a second read of what was written)."""
+    with open(path, "r+b") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = handle.read(length)
+        if header.count(_PENDING_HASH.encode()) != 1:
+            raise ValueError(f"{path}: the header's place for its own hash is not there once")
+        handle.seek(8)
+        handle.write(header.replace(_PENDING_HASH.encode(), digest.encode()))
 
 
 def missing_privacy_fields(record: dict) -> list[str]:

@@ -208,6 +208,7 @@ def merge_record(checked: CheckedMerge, operator: str, name: str, vectors: str, 
         "tasks": [m.get("task", Path(p).stem) for m, p in zip(metas, task_vectors)],
         "inputs": [{**entry, "path": named[path]} for entry, path in zip(checked.inputs, task_vectors)],
         "base": {"path": named[base], "sha256": checked.w0_sha256},
+        RELEASE_HASH: "",  # a release too: its own hash, written with it, which every reader checks
     }
     if passed_through:
         meta["base"]["passed_through"] = len(passed_through)
