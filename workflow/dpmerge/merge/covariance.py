@@ -95,16 +95,57 @@ def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: floa
         warnings.warn(f"ace: a task's update of {key or 'a weight matrix'} is (near) zero while the gate is open; "
                       "the adaptive normalisation divides eps by its trace and the merge is not to be trusted "
                       "(the official code does the same)", RuntimeWarning, stacklevel=3)
-    full_prior = stage >= 3 and prior == "mean_cov"
-
-    ridged_sum = torch.zeros(width, width, dtype=torch.float64)  # sum_t (S_t + eps_t I)
-    column_sums = torch.zeros(1, width, dtype=torch.float64)  # column sums of sum_t S_t (the official prior)
-    covariance_sum = torch.zeros(width, width, dtype=torch.float64) if full_prior else None  # sum_t S_t
-    weighted = torch.zeros(rows, width, dtype=torch.float64)  # sum_t dW~_t (S_t + eps_t I)
+    sums = _covariance_sums(matrices, eps=eps, normalise=normalise, full_prior=stage >= 3 and prior == "mean_cov",
+                            refine=refine, free_inputs=free_inputs)
+    if refine:  # sum_t dW_t (S_t - S_bar), formed while sum_t R_t is still unchanged by the prior
+        residual = sums.update_covariance.sub_((sums.update @ sums.ridged).div_(count))
+        sums.update = sums.update_covariance = None
+    system = sums.ridged  # from here on, A itself: the prior goes in in place
+    if stage >= 3:
+        if prior == "official":
+            structural = sums.columns / width  # torch.mean(sum_t S_t, dim=0): the mean of each column
+            if heterogeneous:
+                structural /= sum(norms) / count + TINY
+            system += structural  # broadcast: the same row added to every row of A
+        else:
+            system += sums.covariance.div_(count)
+            sums.covariance = None
+    merged = _solve_right(sums.weighted, system, key)
+    del system
+    sums.ridged = sums.weighted = None
     if refine:
-        update_sum = torch.zeros(rows, width, dtype=torch.float64)  # sum_t dW_t
-        update_covariance = torch.zeros(rows, width, dtype=torch.float64)  # sum_t dW_t S_t
-    for index in range(count):
+        u, s, vh = torch.linalg.svd(residual.add_(merged), full_matrices=False)
+        del residual
+        k = int(min(rows, width) * k_fraction)
+        if k > 0:
+            merged += s[:k].mean() * (u[:, :k] @ vh[:k])
+    return AceLayer(merged, gamma, heterogeneous)
+
+
+@dataclass
+class _CovarianceSums:
+    """What one pass over a layer's T updates accumulates (float64), each slot emptied once it is used up."""
+
+    ridged: torch.Tensor  # sum_t (S_t + eps_t I), n x n
+    columns: torch.Tensor  # column sums of sum_t S_t (the official prior), 1 x n
+    covariance: torch.Tensor | None  # sum_t S_t (the mean_cov prior only), n x n
+    weighted: torch.Tensor  # sum_t dW~_t (S_t + eps_t I), m x n
+    update: torch.Tensor | None  # sum_t dW_t (the refinement only), m x n
+    update_covariance: torch.Tensor | None  # sum_t dW_t S_t (the refinement only), m x n
+
+
+def _covariance_sums(matrices: list[torch.Tensor], *, eps: float, normalise: bool, full_prior: bool, refine: bool,
+                     free_inputs: bool) -> _CovarianceSums:
+    """ace_layer's one pass over the updates (stages E1-E2, and what E3 and E4 need), holding one update's
+    covariance at a time."""
+    rows, width = matrices[0].shape
+
+    def zeros(height: int) -> torch.Tensor:
+        return torch.zeros(height, width, dtype=torch.float64)
+
+    sums = _CovarianceSums(zeros(width), zeros(1), zeros(width) if full_prior else None, zeros(rows),
+                           zeros(rows) if refine else None, zeros(rows) if refine else None)
+    for index in range(len(matrices)):
         update = matrices[index].double()
         if free_inputs:
             matrices[index] = None
@@ -115,47 +156,25 @@ def ace_layer(matrices: list[torch.Tensor], *, eps: float, gamma_threshold: floa
             trace = float(torch.trace(covariance)) + TINY
             covariance /= trace
             eps_t = eps / trace
-        column_sums += covariance.sum(dim=0, keepdim=True)
-        if covariance_sum is not None:
-            covariance_sum += covariance
+        sums.columns += covariance.sum(dim=0, keepdim=True)
+        if sums.covariance is not None:
+            sums.covariance += covariance
         if refine:
-            update_sum += update
+            sums.update += update
         if rows < width:
             # X S_t = (X dW~^T) dW~ / tr through the m x m Gram: 2 m^2 n flops instead of m n^2 (half, for a
             # ViT's fc2 or patch embedding: m = 768, n = 3072)
-            weighted.addmm_(centred @ centred.T, centred, alpha=1 / trace).add_(centred, alpha=eps_t)
+            sums.weighted.addmm_(centred @ centred.T, centred, alpha=1 / trace).add_(centred, alpha=eps_t)
             if refine:
-                update_covariance.addmm_(update @ centred.T, centred, alpha=1 / trace)
+                sums.update_covariance.addmm_(update @ centred.T, centred, alpha=1 / trace)
         else:
             if refine:
-                update_covariance.addmm_(update, covariance)
-            weighted.addmm_(centred, covariance).add_(centred, alpha=eps_t)
+                sums.update_covariance.addmm_(update, covariance)
+            sums.weighted.addmm_(centred, covariance).add_(centred, alpha=eps_t)
         covariance.diagonal().add_(eps_t)
-        ridged_sum += covariance
+        sums.ridged += covariance
         del update, centred, covariance
-
-    if refine:  # sum_t dW_t (S_t - S_bar), formed while sum_t R_t is still unchanged by the prior
-        residual = update_covariance.sub_((update_sum @ ridged_sum).div_(count))
-        del update_sum
-    system = ridged_sum  # from here on, A itself: the prior goes in in place
-    if stage >= 3:
-        if prior == "official":
-            structural = column_sums / width  # torch.mean(sum_t S_t, dim=0): the mean of each column
-            if heterogeneous:
-                structural /= sum(norms) / count + TINY
-            system += structural  # broadcast: the same row added to every row of A
-        else:
-            system += covariance_sum.div_(count)
-            del covariance_sum
-    merged = _solve_right(weighted, system, key)
-    del system, ridged_sum, weighted
-    if refine:
-        u, s, vh = torch.linalg.svd(residual.add_(merged), full_matrices=False)
-        del residual
-        k = int(min(rows, width) * k_fraction)
-        if k > 0:
-            merged += s[:k].mean() * (u[:, :k] @ vh[:k])
-    return AceLayer(merged, gamma, heterogeneous)
+    return sums
 
 
 def _solve_right(b: torch.Tensor, a: torch.Tensor, key: str) -> torch.Tensor:

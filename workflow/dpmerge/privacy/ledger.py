@@ -448,83 +448,16 @@ def _as_released(row) -> str:
 
 def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.DataFrame | None = None,
                   audits: pd.DataFrame | None = None, logged_runs: int | None = None) -> str:
-    relations = sorted(set(ledger.get("neighbouring", pd.Series(dtype=str)).dropna()))
     releases = _releases(ledger)
     derived = ledger.loc[ledger.index.difference(releases.index)]
     earlier = releases[releases["status"] != "current"] if "status" in releases else releases.iloc[0:0]
-    lines = ["# Privacy ledger", "", f"{len(releases)} released task vectors"
-             + (f", and {len(derived)} post-processings of them." if len(derived) else ".")
-             + (f" {len(earlier)} of them the release log holds from earlier runs, their files no longer as "
-                "released; they count in every composition below (listed at the end)." if len(earlier) else "")
-             + (f" The study's release log holds {logged_runs} released runs (fine-tunes' task vectors and heads, "
-                "private statistics, audit runs, mixtures), every one written in this results folder; every file "
-                "here was checked against it."
-                if logged_runs is not None else ""), "",
-             THREAT_MODEL.format(relations="; ".join(RELATIONS.get(r, r) for r in relations) or "none recorded"),
-             ""]
-    lines += ["## Release groups (parallel composition over disjoint task datasets)", ""]
-    lines += ["Each group is one experiment's release: its tasks' datasets are disjoint, so the group is (max "
-              "epsilon, max delta)-DP. Groups on the same tasks (other budgets, seeds, methods or swept settings) "
-              "draw independent randomness; publishing several composes their budgets (next section).", ""]
-    lines += ["Claimed: the largest epsilon a release of the group claims. Recomputed: the same from its record "
-              "alone, under the relation it states (dp_accounting's PLD for pld records). Lower bound: the exact "
-              "epsilon of one adversary, who sums the steps (privacy/lower_bound.py); no claim may be below it.", ""]
-    lines += ["| backbone | method | rho | lambda | lr | B | wd | target eps | seed | tasks | relation | "
-              "claimed eps | recomputed eps | lower bound | max delta |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, group in releases.drop(earlier.index).groupby(GROUP, dropna=False):
-        spent = max(epsilon_value(v) for v in group["spent_epsilon"])
-        recomputed = group["recomputed_epsilon"].astype(float).max()
-        lower = group["lower_bound_epsilon"].astype(float).max()
-        delta = pd.to_numeric(group["delta"], errors="coerce").max()  # NaN where no record states one
-        backbone, method, rho, anchor_lambda, lr, batch_size, weight_decay, target, seed = key
-        settings = " | ".join("--" if math.isnan(v) else f"{v:g}" for v in (lr, batch_size, weight_decay))
-        relation = ", ".join(sorted(set(group["neighbouring"].dropna().astype(str)))) or "--"
-        lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {settings} | {target} | {seed} | "
-                     f"{len(group)} | {relation} | {spent:.4f} | {recomputed:.4f} | {lower:.4f} | {delta:.3g} |")
+    lines = _report_opening(ledger, releases, derived, earlier, logged_runs)
+    lines += _groups_section(releases.drop(earlier.index))
     if len(derived):
-        lines += ["", "## Post-processed releases (no budget of their own)", "",
-                  "Each is a function of one release alone (its tensors, no data), so it spends nothing: it names "
-                  "that release by tensor hash, which the ledger finds among its releases, and keeps its record.",
-                  "", "| operation | backbone | method | target eps | files | their release found, record kept |",
-                  "|---|---|---|---|---|---|"]
-        verdicts = post_processing_verdicts(ledger)
-        for (operation, backbone, method, target), group in derived.groupby(
-                ["post_processing", "backbone", "method", "target_epsilon"], dropna=False, sort=True):
-            found = sum(not verdicts[path] for path in group["path"])
-            lines.append(f"| {operation} | {backbone} | {method} | {target} | {len(group)} | {found} of "
-                         f"{len(group)} |")
-    composition = task_composition(ledger, statistics, audits)
-    lines += ["", "## Everything published, composed per task", "",
-              "Every private release, private statistic and private audit run of the ledger that read a task's "
-              "data, composed "
-              f"({COMPOSITION_ACCOUNTANT.upper()}, at the task's delta): the epsilon of publishing all of them "
-              "together. The non-private reference is a baseline to compare against, not a release: publishing "
-              "it too would leave its task's data unprotected (last column).", "",
-              "| task | backbones | relation | private releases | private statistics | private audit runs | "
-              "max single eps | composed eps | delta | non-private releases | with them published |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in composition.itertuples():
-        composed = "not composed (mixed relations)" if row.neighbouring == "mixed" else f"{row.composed_epsilon:.4f}"
-        lines.append(f"| {row.task} | {row.backbones} | {row.neighbouring or '--'} | {row.private_releases} | "
-                     f"{row.private_statistics} | {row.private_audit_runs} | "
-                     f"{row.max_single_epsilon:.4f} | {composed} | {row.delta:.3g} | "
-                     f"{row.nonprivate_releases} | {row.published_epsilon:.4g} |")
+        lines += _post_processed_section(ledger, derived)
+    lines += _composition_section(task_composition(ledger, statistics, audits))
     if statistics is not None and len(statistics):
-        lines += ["", "## Merge statistics (RegMean Grams, Fisher)", "",
-                  "Public statistics read a dataset declared public, outside every private training set (no "
-                  "privacy cost). Private ones are Poisson-sampled at rate q from the study key, clipped and "
-                  "noised, and compose with the task's fine-tuning: the total is the task's budget once that merge "
-                  "is released.", "",
-                  "| file | kind | data | method | target eps | task | examples | q | sigma | total eps |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for row in statistics.itertuples():
-            total = "--" if pd.isna(row.total_epsilon) else f"{epsilon_value(row.total_epsilon):.4f}"
-            sigma = "--" if pd.isna(row.noise_multiplier) else f"{float(row.noise_multiplier):.3f}"
-            rate = "--" if pd.isna(row.sample_rate) else f"{float(row.sample_rate):.3f}"
-            data = f"public: {row.public_dataset}" if row.source == "public" else "private"
-            lines.append(f"| {_as_released(row)} | {row.kind} | {data} | {row.method} | {row.target_epsilon} | "
-                         f"{row.task} | {row.examples} | {rate} | {sigma} | {total} |")
+        lines += _statistics_section(statistics)
     if audits is not None:
         from dpmerge.privacy.audit_ledger import audit_report
 
@@ -536,8 +469,101 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
                   "| path (as released) | status | method | target eps | seed | task |", "|---|---|---|---|---|---|"]
         lines += [f"| {row.path} | {row.status} | {row.method} | {row.target_epsilon} | {row.seed} | {row.task} |"
                   for row in earlier.itertuples()]
-    lines += ["", "## Check", ""]
-    check = ledger_check(ledger, problems, statistics, audits)
+    return "\n".join(lines + _check_section(ledger_check(ledger, problems, statistics, audits), problems)) + "\n"
+
+
+def _report_opening(ledger, releases, derived, earlier, logged_runs) -> list[str]:
+    relations = sorted(set(ledger.get("neighbouring", pd.Series(dtype=str)).dropna()))
+    return ["# Privacy ledger", "", f"{len(releases)} released task vectors"
+            + (f", and {len(derived)} post-processings of them." if len(derived) else ".")
+            + (f" {len(earlier)} of them the release log holds from earlier runs, their files no longer as "
+               "released; they count in every composition below (listed at the end)." if len(earlier) else "")
+            + (f" The study's release log holds {logged_runs} released runs (fine-tunes' task vectors and heads, "
+               "private statistics, audit runs, mixtures), every one written in this results folder; every file "
+               "here was checked against it."
+               if logged_runs is not None else ""), "",
+            THREAT_MODEL.format(relations="; ".join(RELATIONS.get(r, r) for r in relations) or "none recorded"),
+            ""]
+
+
+def _groups_section(releases: pd.DataFrame) -> list[str]:
+    lines = ["## Release groups (parallel composition over disjoint task datasets)", ""]
+    lines += ["Each group is one experiment's release: its tasks' datasets are disjoint, so the group is (max "
+              "epsilon, max delta)-DP. Groups on the same tasks (other budgets, seeds, methods or swept settings) "
+              "draw independent randomness; publishing several composes their budgets (next section).", ""]
+    lines += ["Claimed: the largest epsilon a release of the group claims. Recomputed: the same from its record "
+              "alone, under the relation it states (dp_accounting's PLD for pld records). Lower bound: the exact "
+              "epsilon of one adversary, who sums the steps (privacy/lower_bound.py); no claim may be below it.", ""]
+    lines += ["| backbone | method | rho | lambda | lr | B | wd | target eps | seed | tasks | relation | "
+              "claimed eps | recomputed eps | lower bound | max delta |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, group in releases.groupby(GROUP, dropna=False):
+        spent = max(epsilon_value(v) for v in group["spent_epsilon"])
+        recomputed = group["recomputed_epsilon"].astype(float).max()
+        lower = group["lower_bound_epsilon"].astype(float).max()
+        delta = pd.to_numeric(group["delta"], errors="coerce").max()  # NaN where no record states one
+        backbone, method, rho, anchor_lambda, lr, batch_size, weight_decay, target, seed = key
+        settings = " | ".join("--" if math.isnan(v) else f"{v:g}" for v in (lr, batch_size, weight_decay))
+        relation = ", ".join(sorted(set(group["neighbouring"].dropna().astype(str)))) or "--"
+        lines.append(f"| {backbone} | {method} | {rho:g} | {anchor_lambda:g} | {settings} | {target} | {seed} | "
+                     f"{len(group)} | {relation} | {spent:.4f} | {recomputed:.4f} | {lower:.4f} | {delta:.3g} |")
+    return lines
+
+
+def _post_processed_section(ledger: pd.DataFrame, derived: pd.DataFrame) -> list[str]:
+    lines = ["", "## Post-processed releases (no budget of their own)", "",
+             "Each is a function of one release alone (its tensors, no data), so it spends nothing: it names "
+             "that release by tensor hash, which the ledger finds among its releases, and keeps its record.",
+             "", "| operation | backbone | method | target eps | files | their release found, record kept |",
+             "|---|---|---|---|---|---|"]
+    verdicts = post_processing_verdicts(ledger)
+    for (operation, backbone, method, target), group in derived.groupby(
+            ["post_processing", "backbone", "method", "target_epsilon"], dropna=False, sort=True):
+        found = sum(not verdicts[path] for path in group["path"])
+        lines.append(f"| {operation} | {backbone} | {method} | {target} | {len(group)} | {found} of "
+                     f"{len(group)} |")
+    return lines
+
+
+def _composition_section(composition: pd.DataFrame) -> list[str]:
+    lines = ["", "## Everything published, composed per task", "",
+             "Every private release, private statistic and private audit run of the ledger that read a task's "
+             "data, composed "
+             f"({COMPOSITION_ACCOUNTANT.upper()}, at the task's delta): the epsilon of publishing all of them "
+             "together. The non-private reference is a baseline to compare against, not a release: publishing "
+             "it too would leave its task's data unprotected (last column).", "",
+             "| task | backbones | relation | private releases | private statistics | private audit runs | "
+             "max single eps | composed eps | delta | non-private releases | with them published |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in composition.itertuples():
+        composed = "not composed (mixed relations)" if row.neighbouring == "mixed" else f"{row.composed_epsilon:.4f}"
+        lines.append(f"| {row.task} | {row.backbones} | {row.neighbouring or '--'} | {row.private_releases} | "
+                     f"{row.private_statistics} | {row.private_audit_runs} | "
+                     f"{row.max_single_epsilon:.4f} | {composed} | {row.delta:.3g} | "
+                     f"{row.nonprivate_releases} | {row.published_epsilon:.4g} |")
+    return lines
+
+
+def _statistics_section(statistics: pd.DataFrame) -> list[str]:
+    lines = ["", "## Merge statistics (RegMean Grams, Fisher)", "",
+             "Public statistics read a dataset declared public, outside every private training set (no "
+             "privacy cost). Private ones are Poisson-sampled at rate q from the study key, clipped and "
+             "noised, and compose with the task's fine-tuning: the total is the task's budget once that merge "
+             "is released.", "",
+             "| file | kind | data | method | target eps | task | examples | q | sigma | total eps |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in statistics.itertuples():
+        total = "--" if pd.isna(row.total_epsilon) else f"{epsilon_value(row.total_epsilon):.4f}"
+        sigma = "--" if pd.isna(row.noise_multiplier) else f"{float(row.noise_multiplier):.3f}"
+        rate = "--" if pd.isna(row.sample_rate) else f"{float(row.sample_rate):.3f}"
+        data = f"public: {row.public_dataset}" if row.source == "public" else "private"
+        lines.append(f"| {_as_released(row)} | {row.kind} | {data} | {row.method} | {row.target_epsilon} | "
+                     f"{row.task} | {row.examples} | {rate} | {sigma} | {total} |")
+    return lines
+
+
+def _check_section(check: dict, problems: list[str]) -> list[str]:
+    lines = ["", "## Check", ""]
     if (gap := check["independent_gap_percent"]) is not None:
         lines += [f"Second accountant on the add/remove records: {gap['min']:+.3f} % to {gap['max']:+.3f} % of "
                   "what it is compared with.", ""]
@@ -548,4 +574,4 @@ def ledger_report(ledger: pd.DataFrame, problems: list[str], statistics: pd.Data
         "- every record complete, keyed, within its budget, its epsilon recomputed from the record under the "
         "relation it states, not exceeded by a second accountant and not below the sum test's lower bound: PASS"]
     lines += [f"- NOTE: {note}" for note in check["notes"]]
-    return "\n".join(lines) + "\n"
+    return lines

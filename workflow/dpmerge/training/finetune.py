@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -319,22 +319,76 @@ def finetune(
     """
     if audit is not None and checkpoint is not None:
         raise ValueError("an audit run is not checkpointed: its canaries' draws are not part of the saved state")
-    method = METHODS[config.method]
     if audit is not None:
         train_features, train_labels = audit.training_set(tuple(train_features), train_labels)
-    num_examples = int(train_labels.shape[0])
-    plan = sampling_plan(config, method.private, num_examples)
+    run = prepare_run(backbone, num_classes, tuple(train_features), train_labels, config, study_key, identity,
+                      head, train_head, audit)
+    log_start(run, backbone, log)
+    saved = Resumable(checkpoint, checkpoint_every, resume_fingerprint(run, backbone, study_key, checkpoint))
+    first_step = saved.resume(run, backbone.device, log)
+    if run.method.head_only and run.params:
+        pooling_started = time.perf_counter()
+        run.train_features = head_only_inputs(run.model, run.train_features, backbone)
+        log(compute_line("w0's top on the training set", time.perf_counter() - pooling_started))
+    try:
+        losses = training_loop(run, backbone, first_step, saved, log)
+    except BaseException:
+        backbone.load_top_state(run.pretrained)  # the shared backbone must not keep a half-trained top
+        raise
+    finally:
+        if run.per_sample is not None:
+            run.per_sample.close()  # remove hooks: the backbone is shared with later models in this process
+        for p in run.frozen_top:
+            p.requires_grad_(True)
+    return released(run, backbone, losses)
 
-    # -- the mechanism's identity and its secret randomness
-    device = backbone.device
+
+@dataclass
+class PreparedRun:
+    """One fine-tune as its loop runs it: settings, data, secret streams, what trains and how, fixed before the
+    first step (`prepare_run`)."""
+
+    config: FinetuneConfig
+    method: object  # its row of dpmerge/methods.py
+    plan: SamplingPlan
+    train_features: tuple[torch.Tensor, ...]
+    train_labels: torch.Tensor
+    strategy: str  # the per-sample gradient strategy
+    mechanism: dict  # the full identity every random draw is keyed by
+    sampler: object
+    noise: object
+    pretrained: dict[str, torch.Tensor]
+    model: TaskModel
+    frozen_top: list
+    names: list[str]
+    params: list[torch.Tensor]
+    steps: int
+    per_sample: object
+    anchors: list
+    optimizer: object
+    canaries: object
+    sigma: float
+    query: object  # GradientOracle
+    head: dict | None  # the head the run started from (given), for the checkpoint's fingerprint
+    train_head: bool
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.train_labels.shape[0])
+
+
+def prepare_run(backbone: Backbone, num_classes: int, train_features: tuple[torch.Tensor, ...],
+                train_labels: torch.Tensor, config: FinetuneConfig, study_key: bytes, identity: dict,
+                head: dict | None, train_head: bool, audit) -> PreparedRun:
+    """The mechanism's identity and its secret randomness, then what trains, the optimizer, the clipper and
+    sigma."""
+    method = METHODS[config.method]
+    plan = sampling_plan(config, method.private, int(train_labels.shape[0]))
     strategy = per_sample_strategy(backbone, config)
     mechanism = mechanism_identity(backbone, config, identity, train_features, train_labels)
-    data_sha256 = mechanism["data_sha256"]
     randomness = MechanismRandomness(study_key, mechanism, config.rng)
     sampler = randomness.stream("poisson_sampler", "cpu")
-    noise = randomness.stream("gaussian_noise", device)  # drawn where the gradients are (same stream on resume)
-
-    # -- what trains, the optimizer, the clipper, sigma
+    noise = randomness.stream("gaussian_noise", backbone.device)  # drawn where the gradients are (same on resume)
     pretrained = backbone.top_state()
     model, frozen_top = task_model(backbone, num_classes, method.head_only, randomness, head, train_head)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -343,7 +397,6 @@ def finetune(
     # accounted, and the release is w0 with the public head.
     steps = plan.steps if params else 0
     per_sample = make_clipper(model, strategy, backbone.autocast) if method.private and params else None
-    anchors = anchors_of(names, backbone, pretrained)
     optimizer = adamw(parameter_groups(model, params, config), lr=config.lr, weight_decay=config.weight_decay,
                       betas=config.betas) if params else None
     canaries = None if audit is None else audit.gradient_canaries(
@@ -351,70 +404,98 @@ def finetune(
         sample_rate=plan.sample_rate, randomness=randomness, to_internal=backbone.internal_state,
         internal_names=[n.removeprefix(BACKBONE_PREFIX) if n.startswith(BACKBONE_PREFIX) else None for n in names])
     sigma = noise_multiplier(config, method, plan, steps)
-    log(
-        f"[finetune] method={config.method} {plan.size_name}={plan.population} q={plan.sample_rate:.5f} "
-        f"steps={steps} sigma={sigma:.4f} queries/step={method.queries_per_step} delta={plan.delta:.3g}"
-        + (f" neighbouring={config.neighbouring} randomness={config.rng} per-sample={strategy}"
-           if method.private else "")
-        + f" device={device} precision={backbone.precision} pretrained_sha256={backbone.checkpoint_sha256[:16]}..."
-    )
     query = GradientOracle(config, method.private, model, backbone, params, optimizer, per_sample, sigma, noise,
                            canaries)
+    return PreparedRun(config, method, plan, train_features, train_labels, strategy, mechanism, sampler, noise,
+                       pretrained, model, frozen_top, names, params, steps, per_sample,
+                       anchors_of(names, backbone, pretrained), optimizer, canaries, sigma, query, head, train_head)
 
-    # -- resume
-    first_step, memory = 0, {}  # memory: what a step function keeps for the next step (method_update)
-    if checkpoint is not None:
-        checkpoint = Path(checkpoint)
-        fingerprint = run_fingerprint(
-            config, study_key, mechanism, (sampler, noise), num_examples=num_examples, data_sha256=data_sha256,
-            pretrained_sha256=backbone.checkpoint_sha256, parameters=names, sigma=sigma, strategy=strategy,
-            precision=backbone.precision, train_head=train_head, head=head)
-        first_step = resume(checkpoint, fingerprint, params, optimizer, sampler, noise, memory,
-                            query.steps_by_queries, device, log)
+
+def log_start(run: PreparedRun, backbone: Backbone, log) -> None:
+    config, plan = run.config, run.plan
+    log(
+        f"[finetune] method={config.method} {plan.size_name}={plan.population} q={plan.sample_rate:.5f} "
+        f"steps={run.steps} sigma={run.sigma:.4f} queries/step={run.method.queries_per_step} delta={plan.delta:.3g}"
+        + (f" neighbouring={config.neighbouring} randomness={config.rng} per-sample={run.strategy}"
+           if run.method.private else "")
+        + f" device={backbone.device} precision={backbone.precision} "
+        f"pretrained_sha256={backbone.checkpoint_sha256[:16]}..."
+    )
+
+
+def resume_fingerprint(run: PreparedRun, backbone: Backbone, study_key: bytes, checkpoint) -> str | None:
+    """What a checkpoint must have been saved by to be resumed: this mechanism, key, data, weights and settings."""
+    if checkpoint is None:
+        return None
+    return run_fingerprint(
+        run.config, study_key, run.mechanism, (run.sampler, run.noise), num_examples=run.num_examples,
+        data_sha256=run.mechanism["data_sha256"], pretrained_sha256=backbone.checkpoint_sha256, parameters=run.names,
+        sigma=run.sigma, strategy=run.strategy, precision=backbone.precision, train_head=run.train_head,
+        head=run.head)
+
+
+@dataclass
+class Resumable:
+    """Where a run keeps its state (None: nowhere), how often, and the fingerprint a saved state must carry."""
+
+    checkpoint: str | Path | None
+    every: int
+    fingerprint: str | None
+    memory: dict = field(default_factory=dict)  # what a step function keeps for the next step (method_update)
+
+    def resume(self, run: PreparedRun, device, log) -> int:
+        """The first step to run: 0, or the step a checkpoint of this very run was saved at (its state restored)."""
+        if self.checkpoint is None:
+            return 0
+        self.checkpoint = Path(self.checkpoint)
+        first_step = resume(self.checkpoint, self.fingerprint, run.params, run.optimizer, run.sampler, run.noise,
+                            self.memory, run.query.steps_by_queries, device, log)
         if first_step:
-            log(f"[finetune] resumed from {checkpoint} at step {first_step}/{steps}")
-    if method.head_only and params:
-        pooling_started = time.perf_counter()
-        train_features = head_only_inputs(model, train_features, backbone)
-        log(compute_line("w0's top on the training set", time.perf_counter() - pooling_started))
+            log(f"[finetune] resumed from {self.checkpoint} at step {first_step}/{run.steps}")
+        return first_step
 
-    # -- the loop
-    hyperparameters = {name: getattr(config, name) for name in method.hyperparameters}
-    losses: list[float] = []  # non-private runs only: a private run's loss is a statistic nothing privatized
-    try:
-        started, loop_started = time.time(), time.perf_counter()
-        for step in range(first_step, steps):
-            batch = poisson_batch(num_examples, plan.sample_rate, sampler)
-            query.begin_step()
-            features = tuple(f[batch].to(device, non_blocking=True) for f in train_features)
-            labels = train_labels[batch].to(device)
-            update = method_update(method, query, params, anchors, features, labels, memory, **hyperparameters)
-            query.end_step()
-            for p, u in zip(params, update):
-                p.grad = u
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
-                save_checkpoint(checkpoint, fingerprint, step + 1, query.steps_by_queries, params, optimizer,
-                                sampler, noise, memory)
-            if step % config.log_every == 0 or step == steps - 1:
-                log_progress(log, step, first_step, steps, started, method.private, model, backbone, features,
-                             labels, losses)
-        log(compute_line("training loop", time.perf_counter() - loop_started))
-    except BaseException:
-        backbone.load_top_state(pretrained)  # the shared backbone must not keep a half-trained top
-        raise
-    finally:
-        if per_sample is not None:
-            per_sample.close()  # remove hooks: the backbone is shared with later models in this process
-        for p in frozen_top:
-            p.requires_grad_(True)
+    def after(self, run: PreparedRun, step: int) -> None:
+        if self.checkpoint is not None and (step + 1) % self.every == 0 and step + 1 < run.steps:
+            save_checkpoint(self.checkpoint, self.fingerprint, step + 1, run.query.steps_by_queries, run.params,
+                            run.optimizer, run.sampler, run.noise, self.memory)
 
-    # -- the release
-    ran = {int(k): int(n) for k, n in sorted(query.steps_by_queries.items()) if k > 0}
+
+def training_loop(run: PreparedRun, backbone: Backbone, first_step: int, saved: Resumable, log) -> list[float]:
+    """The steps from `first_step`: a Poisson batch, the method's privatized update, AdamW; checkpoints and
+    progress lines. Returns the non-private training losses (a private run's loss is a statistic nothing
+    privatized, so none is kept)."""
+    config, device = run.config, backbone.device
+    hyperparameters = {name: getattr(config, name) for name in run.method.hyperparameters}
+    losses: list[float] = []
+    started, loop_started = time.time(), time.perf_counter()
+    for step in range(first_step, run.steps):
+        batch = poisson_batch(run.num_examples, run.plan.sample_rate, run.sampler)
+        run.query.begin_step()
+        features = tuple(f[batch].to(device, non_blocking=True) for f in run.train_features)
+        labels = run.train_labels[batch].to(device)
+        update = method_update(run.method, run.query, run.params, run.anchors, features, labels, saved.memory,
+                               **hyperparameters)
+        run.query.end_step()
+        for p, u in zip(run.params, update):
+            p.grad = u
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        saved.after(run, step)
+        if step % config.log_every == 0 or step == run.steps - 1:
+            log_progress(log, step, first_step, run.steps, started, run.method.private, run.model, backbone, features,
+                         labels, losses)
+    log(compute_line("training loop", time.perf_counter() - loop_started))
+    return losses
+
+
+def released(run: PreparedRun, backbone: Backbone, losses: list[float]) -> TrainingResult:
+    """The release: epsilon spent by the steps that ran (refused above the target), the task vector, the head and
+    the record; the shared backbone left as it was found."""
+    config, method, pretrained = run.config, run.method, run.pretrained
+    ran = {int(k): int(n) for k, n in sorted(run.query.steps_by_queries.items()) if k > 0}
     spent = NONPRIVATE_RECORDED
     if method.private:
-        spent = spent_epsilon_of_steps(sigma, plan.sample_rate, ran, plan.delta, config.accountant,
+        spent = spent_epsilon_of_steps(run.sigma, run.plan.sample_rate, ran, run.plan.delta, config.accountant,
                                        config.neighbouring)
         if spent > config.target_epsilon:
             backbone.load_top_state(pretrained)
@@ -424,11 +505,10 @@ def finetune(
             )
     finetuned = backbone.top_state()
     task_vector = {name: finetuned[name] - pretrained[name] for name in pretrained}
-    head = {name: value.detach().to("cpu", copy=True) for name, value in model.head.state_dict().items()}
+    head = {name: value.detach().to("cpu", copy=True) for name, value in run.model.head.state_dict().items()}
     backbone.load_top_state(pretrained)  # leave the shared backbone as we found it
-    record = release_record(config, method, plan, sigma, spent, query.steps_by_queries, ran, backbone, pretrained,
-                            num_examples, strategy, train_head)
-    return TrainingResult(task_vector, head, record, losses, canaries)
+    record = release_record(run, spent, ran, backbone)
+    return TrainingResult(task_vector, head, record, losses, run.canaries)
 
 
 def log_progress(log, step: int, first_step: int, steps: int, started: float, private: bool, model, backbone,
@@ -447,10 +527,11 @@ def log_progress(log, step: int, first_step: int, steps: int, started: float, pr
         f"elapsed={elapsed:.1f}s ({rate:.2f} steps/s, eta {(steps - step - 1) / rate:.0f}s)")
 
 
-def release_record(config: FinetuneConfig, method, plan: SamplingPlan, sigma: float, spent, steps_by_queries,
-                   ran: dict[int, int], backbone: Backbone, pretrained: dict, num_examples: int, strategy: str,
-                   train_head: bool) -> dict:
+def release_record(run: PreparedRun, spent, ran: dict[int, int], backbone: Backbone) -> dict:
     """The release's privacy record: everything the ledger recomputes epsilon from, from what ran."""
+    config, method, plan, sigma = run.config, run.method, run.plan, run.sigma
+    steps_by_queries, pretrained, num_examples = run.query.steps_by_queries, run.pretrained, run.num_examples
+    strategy, train_head = run.strategy, run.train_head
     return {
         "method": config.method,
         "target_epsilon": config.target_epsilon if method.private else NONPRIVATE_RECORDED,
