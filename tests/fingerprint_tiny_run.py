@@ -26,8 +26,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pipeline import TINY  # noqa: E402
-from workflow_runs import SNAKEMAKE, snakemake_env  # noqa: E402
+from workflow_runs import SNAKEMAKE, TINY, snakemake_env  # noqa: E402
 
 FIXED_TEST_KEY = "ab" * 32
 LEFT_OUT = ("logs", "benchmarks", "private")

@@ -251,8 +251,7 @@ def test_ace_report_writes_both_tables_and_the_figure(tmp_path):
 
 
 def test_the_ace_preset_reads_every_merged_release_group(tmp_path):
-    from test_presets import job_counts
-    from workflow_runs import ROOT
+    from workflow_runs import ROOT, job_counts
 
     counts = job_counts(tmp_path, "--configfile", str(ROOT / "presets/ace.yaml"))
     groups = 2 * 3 * (1 + 2 * 3)  # backbones x seeds x (non-private + 2 private methods x 3 budgets)

@@ -13,11 +13,10 @@ import pandas as pd
 import pytest
 import torch
 from scipy.stats import binom
-from torch import nn
 
-from conftest import TEST_STUDY_KEY, build_backbones_with, install_test_key
+from audit_toys import prepared_task, randomized_response_scores
+from conftest import TEST_STUDY_KEY, install_test_key
 from dpmerge.artifacts import load_tensors, read_metadata
-from dpmerge.models.base import Backbone
 from dpmerge.privacy.audit import audit_scores, epsilon_lower_bound, guess_counts, one_run_p_value
 
 
@@ -54,14 +53,6 @@ def test_the_bound_is_the_largest_refuted_epsilon():
     assert epsilon_lower_bound(1000, 250, 238, 1e-4) < bound
 
 
-def randomized_response_scores(rng, m, eps):
-    """Scores of an exactly eps-DP mechanism per canary (randomized response on the coin), ties broken at random."""
-    coins = rng.random(m) < 0.5
-    truthful = rng.random(m) < 1 / (1 + math.exp(-eps))
-    scores = np.where(coins == truthful, 1.0, -1.0) + 1e-3 * rng.random(m)
-    return scores, coins
-
-
 def test_the_bound_holds_on_an_exactly_private_mechanism_and_has_power():
     rng = np.random.default_rng(0)
     bounds = [audit_scores(*randomized_response_scores(rng, 500, 2.0), delta=0.0)["epsilon_lb"] for _ in range(200)]
@@ -83,47 +74,6 @@ def test_scores_must_be_one_finite_value_per_canary():
 
 
 # ------------------------------------------------------------------------------------- audits of real DP runs
-
-
-class WideTop(Backbone):
-    """One linear layer of 4,352 trainable weights: room for 2,000 Dirac canaries."""
-
-    kind = "toy"
-    modality = "vision"
-
-    def __init__(self, checkpoint: Path):
-        torch.manual_seed(0)
-        self.network = nn.Sequential(nn.Linear(16, 256), nn.Tanh())
-        self.embed_dim = 256
-        checkpoint.write_bytes(b"wide top")
-        self.checkpoint_path = checkpoint
-
-    def encode_inputs(self, inputs):
-        return (torch.as_tensor(inputs),)
-
-    def trunk(self, x):
-        return (x,)
-
-    def top(self, x):
-        return self.network(x)
-
-
-@pytest.fixture
-def wide(tmp_path):
-    generator = torch.Generator().manual_seed(0)
-    features = (torch.randn(500, 16, generator=generator),)
-    labels = torch.randint(0, 2, (500,), generator=generator)
-    return WideTop(tmp_path / "wide.bin"), features, labels
-
-
-@pytest.fixture
-def study_key(tmp_path, wide, monkeypatch):
-    """The stages build the wide top (whatever the spec says) and read the test key from a private file."""
-    build_backbones_with(monkeypatch, lambda spec: wide[0])
-    key = tmp_path / "study.key"
-    key.write_text(TEST_STUDY_KEY.hex())
-    key.chmod(0o600)
-    return key
 
 
 def audited(wide, method, epsilon, canaries=2000, **settings):
@@ -211,7 +161,7 @@ def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tm
     # releases; a claim edited in a row is caught, since the check recomputes it from the run's record.
     from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
     from dpmerge.privacy.ledger import task_composition
-    from test_privacy import ledger, release
+    from privacy_records import ledger, release
 
     audits = build_audit_ledger([str(tmp_path / "honest.parquet"), str(tmp_path / "broken.parquet")])
     problems = check_audits(audits)
@@ -263,19 +213,6 @@ def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tm
     assert record["num_train_examples"] == 500 + rows["naive_dp"]["included"]
     assert rows["nonprivate"]["epsilon_lb"] > 1.0 > rows["naive_dp"]["epsilon_lb"]
     assert rows["naive_dp"]["verdict"] == "PASS"
-
-
-def prepared_task(folder, name, backbone, seed):
-    from dpmerge.artifacts import save_prepared
-
-    generator = torch.Generator().manual_seed(seed)
-    save_prepared(folder / f"{name}.pt", task=name, backbone="toy", task_spec={"num_classes": 4, "metric": "accuracy"},
-                  class_names=list("abcd"), train_features=(torch.randn(500, 16, generator=generator),),
-                  train_labels=torch.randint(0, 4, (500,), generator=generator),
-                  test_features=(torch.randn(400, 16, generator=generator),),
-                  test_labels=torch.randint(0, 4, (400,), generator=generator),
-                  pretrained_sha256=backbone.checkpoint_sha256)
-    return str(folder / f"{name}.pt")
 
 
 @pytest.mark.parametrize("kind", ["white_box", "black_box"])
@@ -471,7 +408,7 @@ def test_an_audit_that_cannot_run_is_refused_with_the_config(audit, message):
     import yaml
 
     from dpmerge.config_check import ConfigError, check_config
-    from test_pipeline import TINY
+    from workflow_runs import TINY
 
     config = yaml.safe_load(yaml.safe_dump(TINY))
     config["methods"].append("pretrained_head")
@@ -485,7 +422,7 @@ def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_it
     from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
     from dpmerge.privacy.ledger import task_composition
     from dpmerge.stages.audit import audit, audit_report
-    from test_privacy import ledger, release
+    from privacy_records import ledger, release
 
     backbone = wide[0]
     key = study_key
@@ -543,7 +480,7 @@ def test_an_audit_run_is_a_release_the_ledger_composes_after_its_file_is_replace
     from dpmerge.privacy.release_log import file_sha256, publish, read_entries, release_log_path
     from dpmerge.stages.audit import audit
     from dpmerge.stages.ledger import ledger
-    from test_privacy import release
+    from privacy_records import release
 
     data, out, log = prepared_task(tmp_path, "toy", wide[0], 5), tmp_path / "audits/toy.parquet", \
         release_log_path(study_key)

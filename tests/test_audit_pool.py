@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
+from audit_toys import prepared_task, randomized_response_scores
 from dpmerge.privacy.audit import audit_scores, exposure_difference, membership_auc
-from test_audit import prepared_task, randomized_response_scores, study_key, wide  # noqa: F401 (fixtures)
 
 
 def test_the_membership_auc_is_the_share_of_pairs_an_included_canary_wins():

@@ -5,8 +5,7 @@ import pytest
 import yaml
 
 from dpmerge.config_check import ConfigError, check_config
-from test_pipeline import TINY
-from workflow_runs import dry_runs
+from workflow_runs import TINY, dry_runs
 
 
 def _own_table(tmp_path, rows: str, name="mine.csv"):

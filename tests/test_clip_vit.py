@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from brute_force import assert_matches_brute_force, per_example_norms
 from dpmerge.models.clip_vit import (
     DPVisionTransformer,
     LinearAttention,
@@ -15,8 +16,6 @@ from dpmerge.models.clip_vit import (
     to_open_clip_state_dict,
 )
 from dpmerge.training.persample import STRATEGIES, _vmap, rule_for
-from test_dp import assert_matches_brute_force
-from test_persample import per_example_norms
 
 open_clip_model = pytest.importorskip("open_clip.model")
 

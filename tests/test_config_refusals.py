@@ -6,7 +6,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 
 from dpmerge.config_check import ConfigError, check_config
-from test_pipeline import TINY
+from workflow_runs import TINY
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,7 @@ from dpmerge.config_sampling import check_limits, sampling_limits, training_size
 from dpmerge.data.loading import _full_split, load_task
 from dpmerge.data.own_readers import training_examples
 from dpmerge.data.registry import EMBEDDED_TASKS, PAPER_TASKS, TASKS
-from test_pipeline import TINY, planned_jobs, snakemake
-from workflow_runs import snakemake_env
+from workflow_runs import TINY, planned_jobs, snakemake, snakemake_env
 
 
 @pytest.mark.parametrize("name", EMBEDDED_TASKS)

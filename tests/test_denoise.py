@@ -157,7 +157,7 @@ def test_an_unknown_method_is_named():
 def _released_vector(tmp_path, task, seed=0, **overrides):
     """A release file (a noisy task vector with its record, as finetune() writes it)."""
     from dpmerge.artifacts import save_released
-    from test_privacy import release
+    from privacy_records import release
 
     name, record = release(task, seed=seed, **overrides)
     tensors = {"layer.weight": noise(64, 96, 0.01, seed=seed + ord(task[0])).float(),
@@ -213,7 +213,7 @@ def test_the_ledger_refuses_a_denoised_release_without_its_release_or_with_anoth
 def test_denoise_refuses_heads_and_denoising_twice_and_keeps_plain_vectors_plain(tmp_path):
     from dpmerge.artifacts import read_metadata, save_released, save_tensors
     from dpmerge.stages.denoise import denoise
-    from test_privacy import release
+    from privacy_records import release
 
     _, record = release("a")
     head = tmp_path / "head.safetensors"

@@ -13,7 +13,7 @@ from dpmerge.config_check import SCHEMA, ConfigError, check_config
 from dpmerge.merge.specs import DENOISERS
 from dpmerge.report.denoise_study import noise_summary, parse_pairs, score_summary
 from dpmerge.report.labels import operator_label
-from test_pipeline import TINY
+from workflow_runs import TINY
 
 
 def study_config(**changes):

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from brute_force import assert_matches_brute_force, brute_force_clipped_sum
 from conftest import ToyBackbone, build_backbones_with, keyed
 from dpmerge.artifacts import file_tensors_sha256, read_metadata, tensors_sha256
 from dpmerge.methods import METHODS
@@ -27,32 +27,6 @@ from dpmerge.training.dp_step import (
 )
 from dpmerge.training.finetune import FinetuneConfig, finetune
 from dpmerge.training.persample import STRATEGIES, make_clipper
-
-
-def brute_force_clipped_sum(model, features, labels, clip_norm):
-    params = [p for p in model.parameters() if p.requires_grad]
-    total = [torch.zeros_like(p) for p in params]
-    for i in range(labels.shape[0]):
-        grads = torch.autograd.grad(
-            F.cross_entropy(model(*(f[i : i + 1] for f in features)), labels[i : i + 1], reduction="sum"), params
-        )
-        norm = torch.sqrt(sum((g * g).sum() for g in grads))
-        factor = min(1.0, clip_norm / norm.item())
-        total = [t + factor * g for t, g in zip(total, grads)]
-    return total
-
-
-def assert_matches_brute_force(model, features, labels, clip_norm, strategy):
-    model.train()
-    expected = brute_force_clipped_sum(model, features, labels, clip_norm)
-    clipper = make_clipper(model, strategy)
-    try:
-        actual = clipped_gradient_sum(clipper, features, labels, clip_norm)
-    finally:
-        clipper.close()
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        assert torch.allclose(a, e, atol=1e-5, rtol=1e-4), (a - e).abs().max()
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

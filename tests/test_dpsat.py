@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from brute_force import brute_force_clipped_sum
 from conftest import keyed
 from dpmerge.methods import METHODS
 from dpmerge.models.base import TaskModel
@@ -14,7 +15,6 @@ from dpmerge.privacy.randomness import GeneratorStream
 from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
 from dpmerge.training.finetune import FinetuneConfig, finetune
 from dpmerge.training.persample import make_clipper
-from test_dp import brute_force_clipped_sum
 
 
 def _norm(tensors):

@@ -236,7 +236,7 @@ def test_a_mixture_that_cannot_be_built_is_refused_with_the_config(mix_config, m
     import yaml
 
     from dpmerge.config_check import ConfigError, check_config
-    from test_pipeline import TINY
+    from workflow_runs import TINY
 
     config = yaml.safe_load(yaml.safe_dump(TINY))
     config["merge"]["task_arithmetic"] = {}
@@ -250,7 +250,7 @@ def test_released_budgets_are_the_main_grids_and_the_sweeps():
     import yaml
 
     from dpmerge.config_check import check_config, released_budgets
-    from test_pipeline import TINY
+    from workflow_runs import TINY
 
     config = yaml.safe_load(yaml.safe_dump(TINY))
     check_config(config)

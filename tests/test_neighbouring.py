@@ -122,7 +122,7 @@ def test_an_add_remove_record_is_the_same_with_or_without_the_example(toy_backbo
 
 def test_the_ledger_refuses_an_add_remove_record_that_carries_n():
     from dpmerge.privacy.ledger import check_ledger, ledger_of_records
-    from test_privacy import release
+    from privacy_records import release
 
     path, record = release("a", neighbouring="add_remove", num_train_examples=1000, public_n=None)
     problems = check_ledger(ledger_of_records([(path, record)]))
@@ -189,7 +189,7 @@ def test_the_randomness_identity_holds_the_data_the_backbone_and_the_resolved_st
 def test_the_ledger_flags_delta_one_over_n_and_not_a_smaller_delta():
     from dpmerge.privacy.accounting import record_epsilon
     from dpmerge.privacy.ledger import check_ledger, ledger_check, ledger_of_records
-    from test_privacy import release
+    from privacy_records import release
 
     # the same sigma at a smaller delta spends more: the target is raised with it, only delta is under test
     path, paper = release("a", delta=1e-3, num_train_examples=1000, target_epsilon=50.0)
@@ -228,7 +228,7 @@ def test_the_config_check_knows_which_accountants_account_replace_one():
 
 def test_a_private_statistic_of_an_add_remove_release_samples_at_its_public_size():
     from dpmerge.privacy.statistics import private_sample
-    from test_privacy import release
+    from privacy_records import release
 
     _, record = release("a", accountant="pld", neighbouring="add_remove")
     record = {**record, "public_n": 2000, "randomness": "keyed"}
@@ -243,7 +243,7 @@ def test_an_honest_add_remove_pld_release_passes_its_second_accountant(epsilon):
     """Opacus's PRV returns the upper end of its estimate; at its default error (0.01) an honest PLD claim of 1.0
     would look 1 % short, so the ledger asks it for 1e-3."""
     from dpmerge.privacy.ledger import check_ledger, ledger_of_records
-    from test_privacy import release
+    from privacy_records import release
 
     path, record = release("a", epsilon, method="naive_dp", accountant="pld", neighbouring="add_remove")
     table = ledger_of_records([(path, record)])

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from brute_force import brute_force_clipped_sum
 from conftest import keyed
 from dpmerge.diagnostics.noise_scale import (
     decay_factor,
@@ -27,7 +28,6 @@ from dpmerge.privacy.randomness import GeneratorStream
 from dpmerge.training.dp_step import privatized_gradient
 from dpmerge.training.finetune import FinetuneConfig, finetune
 from dpmerge.training.persample import make_clipper
-from test_dp import brute_force_clipped_sum
 
 
 def _flat(tensors):

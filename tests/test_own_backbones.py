@@ -8,28 +8,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from brute_force import assert_matches_brute_force
 from dpmerge.models.base import TaskModel
 from dpmerge.models.own import fold_batchnorms_exactly
 from dpmerge.models.spec import backbone_from_spec
-from test_dp import assert_matches_brute_force
-
-WORDS = ("a an the and film movie good bad dull wonderful moving tiresome number probe sentence another longer one "
-         ", .").split()
-
-
-def write_tiny_bert(folder):
-    """A 2-layer BERT (hidden 32) with a word-level tokenizer, as save_pretrained writes them."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    folder.mkdir(parents=True, exist_ok=True)
-    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *map(str, range(100))]
-    (folder / "vocab.txt").write_text("\n".join(vocabulary) + "\n")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(vocabulary), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=37, max_position_embeddings=64)
-    BertModel(config).save_pretrained(folder)
-    BertTokenizerFast(str(folder / "vocab.txt")).save_pretrained(folder)
-    return folder
+from tiny_files import write_tiny_bert, write_tiny_resnet
 
 
 def write_tiny_distilbert(folder):
@@ -44,25 +27,6 @@ def write_tiny_distilbert(folder):
                               n_layers=2, n_heads=2, hidden_dim=37, max_position_embeddings=64)
     DistilBertModel(config).save_pretrained(folder)
     return folder
-
-
-def write_tiny_resnet(path):
-    """timm's test_resnet (a deep stem, BatchNorm after every conv) with random BatchNorm statistics, so that
-    folding them is not the identity; its state dict as a safetensors file, its classifier included."""
-    import timm
-
-    torch.manual_seed(0)
-    model = timm.create_model("test_resnet", pretrained=False, num_classes=5)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.BatchNorm2d):
-                module.running_mean.uniform_(-0.5, 0.5)
-                module.running_var.uniform_(0.5, 2.0)
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.2, 0.2)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({key: value.contiguous() for key, value in model.state_dict().items()}, path)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -9,28 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from PIL import Image
 
 from conftest import install_test_key
 from dpmerge.config_check import ConfigError, check_config
 from dpmerge.data.loading import load_task
-from test_own_backbones import write_tiny_bert, write_tiny_resnet
-from test_pipeline import TINY
-from workflow_runs import SNAKEMAKE, snakemake_env
-
-
-def write_image_folder(root, classes=("blue", "red"), per_class=12, split=False):
-    """Class folders of small PNGs, coloured by class (so a model can learn them), optionally under train/, test/."""
-    rng = np.random.default_rng(0)
-    colours = {"blue": (30, 30, 200), "red": (200, 30, 30), "green": (30, 200, 30)}
-    for part in (("train", "test") if split else ("",)):
-        for name in classes:
-            folder = root / part / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for index in range(per_class if part != "test" else per_class // 2):
-                pixels = np.array(colours[name]) + rng.integers(-25, 25, (20, 26, 3))
-                Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(folder / f"{index}.png")
-    return root
+from tiny_files import (
+    write_image_folder,
+    write_tiny_bert,
+    write_tiny_resnet,
+)
+from workflow_runs import SNAKEMAKE, TINY, snakemake_env
 
 
 def sentences(count=40):

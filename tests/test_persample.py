@@ -4,11 +4,14 @@ import pytest
 import torch
 from torch import nn
 
+from brute_force import (
+    assert_matches_brute_force,
+    per_example_norms,
+)
 from dpmerge.models.reference_shapes import ClassTokenAndPositions, roberta_base_shaped, vit_b32_shaped
 from dpmerge.training import persample
 from dpmerge.training.finetune import FinetuneConfig
 from dpmerge.training.persample import STRATEGIES, BookKeepingClipper, _linear_weight_squared_norms, make_clipper
-from test_dp import assert_matches_brute_force, brute_force_clipped_sum
 
 
 def tiny_vit():
@@ -20,14 +23,6 @@ def tiny_roberta():
         num_classes=3, seq_len=12, vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=64, max_position_embeddings=40,
     )
-
-
-def per_example_norms(model, features, labels):
-    return [
-        torch.sqrt(sum(s.pow(2).sum() for s in brute_force_clipped_sum(
-            model, tuple(f[i : i + 1] for f in features), labels[i : i + 1], float("inf")))).item()
-        for i in range(labels.shape[0])
-    ]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

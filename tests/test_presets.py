@@ -5,28 +5,22 @@ experiment grid, so its job counts are checked against the grid the paper descri
 the same code paths (open_clip loading, zero-shot heads, RoBERTa with a regression head, the real dataset
 readers) on tiny random models and tiny datasets in the real formats."""
 
-import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 import yaml
 
-from workflow_runs import ROOT, SNAKEMAKE
+from workflow_runs import (
+    ROOT,
+    SNAKEMAKE,
+    job_counts,
+)
 
 DPMERGE = [sys.executable, "-m", "dpmerge.cli"]
-
-
-def job_counts(workdir: Path, *args) -> dict[str, int]:
-    result = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", "-n", "--quiet", "rules",
-                             *args], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
-    return {rule: int(count) for rule, count in counts.items()}
 
 
 def preset(name: str) -> dict:

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from dpmerge.privacy.accounting import calibrate_noise_multiplier, effective_noise_multiplier, spent_epsilon
+from privacy_records import ledger, release
 
 
 @pytest.mark.parametrize("target", [1.0, 2.0, 4.0, 8.0])
@@ -114,36 +115,6 @@ def test_replace_one_is_calibrated_exactly_between_add_remove_and_doubling():
         assert target - 0.02 <= exact.get_epsilon(delta) <= target
     with pytest.raises(ValueError, match="unknown neighbouring relation 'swap'"):
         calibrate_noise_multiplier(4.0, 1e-5, 0.1, 10, neighbouring="swap")
-
-
-def release(task, epsilon=4.0, method="dp_merging", rho=0.05, seed=0, backbone="b", **overrides):
-    """A release's privacy record as finetune() writes it, calibrated for real (q = 0.05, 40 steps)."""
-    from dpmerge.methods import METHODS
-
-    queries = METHODS[method].queries_per_step
-    q, steps, delta = 0.05, 40, 1e-3
-    private = METHODS[method].private
-    accountant, relation = overrides.pop("accountant", "pld"), overrides.pop("neighbouring", "replace_one")
-    sigma = calibrate_noise_multiplier(epsilon, delta, q, steps, queries, accountant, relation) if private else 0.0
-    record = {"task": task, "backbone": backbone, "method": method, "target_epsilon": epsilon if private else "inf",
-              "spent_epsilon": spent_epsilon(sigma, q, steps, delta, queries, accountant, relation) if private
-              else "inf",
-              "delta": delta if private else 0.0, "noise_multiplier": sigma,
-              "effective_noise_multiplier": effective_noise_multiplier(sigma, queries), "sample_rate": q,
-              "steps": steps, "clip_norm": 0.2, "queries_per_step": queries, "steps_by_queries": {str(queries): steps},
-              "accountant": accountant if private else None, "sampling": "poisson", "neighbouring": relation,
-              "randomness": "keyed", "seed": seed, "rho": rho, "anchor_lambda": 0.05, "pretrained_sha256": "w0",
-              # add/remove: q = B/public_n, and the record never carries N
-              "num_train_examples": 1000 if relation == "replace_one" else None,
-              "public_n": 1000 if relation == "add_remove" else None}
-    record.update(overrides)
-    return f"{backbone}-{task}-{method}-{rho}-{epsilon}-{seed}.safetensors", record
-
-
-def ledger(*releases):
-    from dpmerge.privacy.ledger import ledger_of_records
-
-    return ledger_of_records(list(releases))
 
 
 def test_composition_of_different_mechanisms_agrees_with_dp_accounting():

@@ -11,8 +11,7 @@ import sys
 import pytest
 import yaml
 
-from test_pipeline import TINY, planned_jobs
-from workflow_runs import ROOT
+from workflow_runs import ROOT, TINY, planned_jobs
 
 OPERATOR_SPEC = '''    OperatorSpec(
         "throwaway_mean", {"scaling": 1.0},

@@ -167,8 +167,7 @@ def test_a_task_with_random_labels_is_flagged_on_the_answer_page(tmp_path):
     from PIL import Image
 
     from conftest import install_test_key
-    from test_own_backbones import write_tiny_resnet
-    from test_own_tasks import write_image_folder
+    from tiny_files import write_image_folder, write_tiny_resnet
     from workflow_runs import SNAKEMAKE, snakemake_env
 
     write_image_folder(tmp_path / "data" / "colours", classes=("blue", "red"), per_class=60)

@@ -240,3 +240,17 @@ def test_no_rules_file_over_600_lines(path):
 
 def test_every_rules_file_is_included():
     assert set(rule_files()) == set((ROOT / "workflow" / "rules").glob("*.smk"))
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in helper modules (workflow_runs, privacy_records, brute_force, tiny_files,
+    audit_toys): a test module imported for one name runs its own module-level code and fixtures in another."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.name}: {name}" for name in names if name.split(".")[0].startswith("test_")]
+    assert found == []

@@ -2,6 +2,8 @@
 importable by the jobs even without an installed copy."""
 
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,8 +47,55 @@ for workdir in workdirs:
 
 def dry_runs(workdirs: list[Path]) -> list[tuple[int, str]]:
     """(return code, output) of `snakemake -n` in each of `workdirs` (each holding its config.yaml), in order."""
-    import subprocess
-
     subprocess.run([sys.executable, "-c", _FORKED_DRY_RUNS, str(ROOT / "Snakefile"), *map(str, workdirs)],
                    env=snakemake_env(), check=True)
     return [(int((w / "dry_run.rc").read_text()), (w / "dry_run.out").read_text()) for w in workdirs]
+
+
+TINY = {
+    "results": "results",
+    "seeds": [0],
+    "epsilons": [4],
+    "methods": ["naive_dp", "dp_merging"],
+    "backbones": {
+        # public_data: datasets declared public (outside every private training set) for RegMean's Grams
+        "effnet": {"kind": "efficientnet_lite0", "trainable_blocks": 1, "image_size": 32,
+                   "tasks": ["digits", "textures"], "finetune": {"lr": 0.002}, "public_data": "lfw"},
+        "minilm": {"kind": "minilm_l6", "trainable_blocks": 1, "max_length": 16,
+                   "tasks": ["bbc_topic", "bbc_next_sentence"], "public_data": "tweet_sentiment"},
+    },
+    "data": {"max_train": 48, "max_test": 24},
+    "finetune": {"epochs": 0.4, "batch_size": 8, "lr": 0.001},
+    "merge": {"weight_averaging": {}, "ties": {"density": 0.2},
+              "regmean": {"statistics": {"data": "public", "examples": 16}},
+              "fisher": {"statistics": {"data": "private", "examples": 32, "clip_norm": 0.01, "epsilon": 1.0}},
+              "dts_difference": {"operator": "dts", "vectors": "difference", "rank_fraction": 0.5}},
+    # One more budget (Table 4, Fig. 3) and one more rho (Table 6) on effnet; Tables 5 and 7 lack their runs
+    "sweeps": {"epsilon": {"epsilons": [8], "backbones": ["effnet"]},
+               "rho": {"values": [0.2], "backbones": ["effnet"]}},
+    "diagnostics": {"interpolation": {"operator": "weight_averaging", "points": 3, "max_examples": 24},
+                    "curvature": {"operator": "weight_averaging", "iterations": 3, "gammas": [0.0, 1.0],
+                                  "max_examples": 24},
+                    "landscape": {"operator": "weight_averaging", "points": 3, "span": 0.5, "max_examples": 8}},
+}
+
+
+def snakemake(workdir, *args):
+    env = snakemake_env()
+    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args],
+                          capture_output=True, text=True, env=env)
+
+
+def planned_jobs(output: str) -> dict[str, int]:
+    """Parse the 'job count' table of a (dry) run."""
+    table = output.split("Job stats:")[-1] if "Job stats:" in output else output
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)
+            if m.group(1) != "total"}
+
+
+def job_counts(workdir: Path, *args) -> dict[str, int]:
+    result = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", "-n", "--quiet", "rules",
+                             *args], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
+    return {rule: int(count) for rule, count in counts.items()}
