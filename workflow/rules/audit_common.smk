@@ -26,7 +26,7 @@ def audit_groups():
         g
         for g in release_grid() + epsilon_sweep_grid()
         if g["method"] in AUDIT["methods"]
-        and (not budgets or g["eps"] in budgets or g["eps"] == "epsinf")
+        and (not budgets or g["eps"] in budgets or g["eps"] == NONPRIVATE_LABEL)
         and g["seed"] in seeds_of(g["backbone"])[: AUDIT["seeds"]]
         and (not AUDIT["backbones"] or g["backbone"] in AUDIT["backbones"])
     ]

@@ -46,8 +46,7 @@ rule interpolation:
         gpu=gpus,
         runtime="1h",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "dpmerge interpolate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        GPU_JOB + "dpmerge interpolate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} "
         "--points {params.points} --max-examples {params.max_examples} --threads {threads} "
         "-o {output} > {log} 2>&1"
@@ -80,8 +79,7 @@ rule curvature:
         gpu=gpus,
         runtime="1h",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "dpmerge curvature --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        GPU_JOB + "dpmerge curvature --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --rho {params.rho} "
         "--iterations {params.iterations} --gammas {params.gammas} --max-examples {params.max_examples} "
         "--threads {threads} -o {output} > {log} 2>&1"
@@ -115,8 +113,7 @@ rule landscape:
         gpu=gpus,
         runtime="2h",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "dpmerge landscape --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        GPU_JOB + "dpmerge landscape --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --plane {params.plane} "
         "--points {params.points} --span {params.span} --max-examples {params.max_examples} --seed {params.seed} "
         "--threads {threads} -o {output} > {log} 2>&1"
@@ -147,7 +144,7 @@ rule linearity:
         gpu=gpus,
         runtime="1h",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "dpmerge linearity --curvature {input.curvature} --backbone-spec {params.spec:q} --base {input.base} "
+        GPU_JOB
+        + "dpmerge linearity --curvature {input.curvature} --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --alphas {params.alphas} "
         "--max-examples {params.max_examples} --threads {threads} -o {output} > {log} 2>&1"

@@ -110,7 +110,11 @@ def all_task_vectors():
 
 def table_groups(wildcards):
     """Release groups shown for one (backbone, eps): that epsilon's, plus the non-private reference if run."""
-    return [g for g in release_grid() if g["backbone"] == wildcards.backbone and g["eps"] in (wildcards.eps, "epsinf")]
+    return [
+        g
+        for g in release_grid()
+        if g["backbone"] == wildcards.backbone and g["eps"] in (wildcards.eps, NONPRIVATE_LABEL)
+    ]
 
 
 def table_scores(wildcards):

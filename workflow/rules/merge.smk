@@ -29,8 +29,7 @@ rule merge_statistics:
         # not a setting of the release: a resource, so changing it reruns nothing (finetune.smk)
         replace_release="yes" if config["privacy"]["replace_releases"] else "no",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "dpmerge statistics {params.flags} {params.public} "
+        GPU_JOB + "dpmerge statistics {params.flags} {params.public} "
         f"--study-key {STUDY_KEY} --replace-release {{resources.replace_release}} "
         "--backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
@@ -73,8 +72,7 @@ rule merge_group:
         gpu=gpus,
         runtime="1h",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "dpmerge score-group --backbone-spec {params.spec:q} --base {input.base} "
+        GPU_JOB + "dpmerge score-group --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
         "--individual-out {output.individual} --merges {params.merges:q} {params.files} "
         "--require-privacy-record --threads {threads} > {log} 2>&1"
@@ -108,8 +106,7 @@ rule merge:
         runtime="1h",
     shell:
         # --require-privacy-record: in the study every input is a release; only a record-less merge by hand warns
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
+        GPU_JOB + "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
         "{input.vectors} && "
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {output.merged} "
         "--heads {input.heads} --data {input.data} --threads {threads} -o {output.scores}) > {log} 2>&1"
@@ -138,7 +135,6 @@ rule evaluate_individual:
         gpu=gpus,
         runtime="1h",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
+        GPU_JOB + "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
         "--threads {threads} -o {output} > {log} 2>&1"

@@ -54,8 +54,7 @@ rule mix_merge:
         gpu=gpus,
         runtime="1h",
     shell:
-        "export DPMERGE_GPU_JOB={resources.gpu}; "
-        "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
+        GPU_JOB + "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
         "{input.vectors} && "
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {output.merged} "
         "--heads {input.heads} --data {input.data} --threads {threads} -o {output.scores}) > {log} 2>&1"

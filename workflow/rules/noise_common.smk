@@ -15,7 +15,7 @@ def noise_groups():
     for b in NOISE["backbones"] or config["backbones"]:
         for m in NOISE["methods"]:
             private = METHODS[m].private
-            centre = PRIVATE_EPS[0] if private else "epsinf"
+            centre = PRIVATE_EPS[0] if private else NONPRIVATE_LABEL
             settings = finetune_settings(b, m)
             varied = [(m, centre, "centre")]
             varied += [(sweep_label(m, "lr", f * float(settings["lr"])), centre, "lr") for f in NOISE["lr_factors"]]

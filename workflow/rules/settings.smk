@@ -16,6 +16,7 @@ from dpmerge.catalog import (
     NEEDS_STATISTICS,
     PROPOSED,
     SWEPT_PARAMETERS,
+    NONPRIVATE_LABEL,
     ablation_table_caption,
     audit_run_settings,
     backbone_settings,
@@ -73,7 +74,7 @@ def merge_hyperparameters(name):
 
 
 def eps_labels_for(method):
-    return ["epsinf"] if not METHODS[method_of(method)].private else [eps_label(e) for e in config["epsilons"]]
+    return [NONPRIVATE_LABEL] if not METHODS[method_of(method)].private else [eps_label(e) for e in config["epsilons"]]
 
 
 # Sensitivity sweeps (Tables 6, 7) fine-tune a method again at other values of one hyperparameter; the release
@@ -144,8 +145,9 @@ def gpus(wildcards):
     return 0 if compute_settings(wildcards.backbone)["device"] == "cpu" else 1
 
 
-# Their shell commands start with `export DPMERGE_GPU_JOB={resources.gpu};`: a job that asked for a GPU claims its
-# own from the local pool (dpmerge/gpu_slots.py). Written into each command, since no prefix reads resources.
+# A network job's shell command starts with this: a job that asked for a GPU claims its own from the local pool
+# (dpmerge/gpu_slots.py). Part of each command's text (Snakemake's shell prefix cannot read a job's resources).
+GPU_JOB = "export DPMERGE_GPU_JOB={resources.gpu}; "
 
 
 def backbone_resource(name, default):
