@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_readiness.json", help="JSON file of the measurements")
     args = parser.parse_args()
 
-    from dpmerge.training.finetune import FinetuneConfig, finetune
+    from dpmerge.training.finetune import FinetuneConfig, train
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +75,7 @@ def main() -> None:
                     torch.cuda.reset_peak_memory_stats()
                 lines: list[str] = []
                 # timing only, nothing is released: a fixed key instead of a study's secret one
-                result = finetune(backbone, args.classes, (images,), labels, config, study_key=bytes(32),
+                result = train(backbone, args.classes, (images,), labels, config, study_key=bytes(32),
                                   identity={"bench": "gpu_readiness", "model": args.model}, log=lines.append,
                                   head=head, train_head=False)
                 # The training loop's own clock (its last progress line, logged after a loss read-back that

@@ -78,12 +78,12 @@ def test_scores_must_be_one_finite_value_per_canary():
 
 def audited(wide, method, epsilon, canaries=2000, **settings):
     from dpmerge.training.canaries import WhiteBoxAudit
-    from dpmerge.training.finetune import FinetuneConfig, finetune
+    from dpmerge.training.finetune import FinetuneConfig, train
 
     backbone, features, labels = wide
     config = FinetuneConfig(method=method, target_epsilon=epsilon, epochs=8, batch_size=100, lr=1e-2,
                             clip_norm=1.0, **settings)
-    result = finetune(backbone, 2, features, labels, config, study_key=TEST_STUDY_KEY, log=lambda line: None,
+    result = train(backbone, 2, features, labels, config, study_key=TEST_STUDY_KEY, log=lambda line: None,
                       identity={"backbone": "toy", "task": "toy", "method": method, "audit": canaries},
                       audit=WhiteBoxAudit(canaries))
     scores = result.canaries.scores(result.task_vector).numpy()

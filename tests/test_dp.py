@@ -25,7 +25,7 @@ from dpmerge.training.dp_step import (
     privatized_gradient,
     sam_scale,
 )
-from dpmerge.training.finetune import FinetuneConfig, finetune
+from dpmerge.training.finetune import FinetuneConfig, train
 from dpmerge.training.persample import STRATEGIES, make_clipper
 
 
@@ -210,7 +210,7 @@ def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_dat
     features, labels = toy_data
     pretrained = toy_backbone.top_state()
     config = FinetuneConfig(method=method, target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, seed=3)
-    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    result = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     record = result.record
     assert record["steps"] == 8 and record["sample_rate"] == pytest.approx(8 / 64)
     assert record["queries_per_step"] == METHODS[method].queries_per_step
@@ -233,8 +233,8 @@ def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_dat
 def test_finetune_is_deterministic_given_the_key_and_identity(toy_backbone, toy_data):
     features, labels = toy_data
     config = FinetuneConfig(method="dp_merging", target_epsilon=4.0, epochs=0.5, batch_size=8, lr=1e-2, seed=1)
-    first = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
-    second = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    first = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    second = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     for key in first.task_vector:
         assert torch.equal(first.task_vector[key], second.task_vector[key])
 
@@ -247,10 +247,10 @@ def test_head_lr_moves_only_the_head_faster_and_leaves_unset_runs_as_they_were(t
 
     features, labels = toy_data
     base = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=0.5, batch_size=8, lr=1e-2, seed=1)
-    plain = finetune(toy_backbone, 3, features, labels, base, **keyed(), log=lambda _: None)
+    plain = train(toy_backbone, 3, features, labels, base, **keyed(), log=lambda _: None)
     assert "head_lr" not in finetune_identity(base, {}, "sha")["settings"]
     assert finetune_identity(replace(base, head_lr=0.1), {}, "sha")["settings"]["head_lr"] == 0.1
-    fast = finetune(toy_backbone, 3, features, labels, replace(base, head_lr=0.1), **keyed(), log=lambda _: None)
+    fast = train(toy_backbone, 3, features, labels, replace(base, head_lr=0.1), **keyed(), log=lambda _: None)
     assert any(not torch.equal(fast.head[k], plain.head[k]) for k in plain.head)
     assert sum(float(v.abs().sum()) for v in fast.head.values()) > sum(float(v.abs().sum())
                                                                       for v in plain.head.values())
@@ -271,7 +271,7 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
     features, labels = toy_data
     config = FinetuneConfig(method=method, target_epsilon=4.0, epochs=2.0, batch_size=8, lr=1e-2,
                             seed=5, log_every=1, rng=rng)
-    reference = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    reference = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     checkpoint = tmp_path / "run.ckpt"
 
     def kill_at_step_8(message):
@@ -279,14 +279,14 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
             raise Killed
 
     with pytest.raises(Killed):
-        finetune(toy_backbone, 3, features, labels, config, **keyed(), log=kill_at_step_8, checkpoint=checkpoint,
+        train(toy_backbone, 3, features, labels, config, **keyed(), log=kill_at_step_8, checkpoint=checkpoint,
                  checkpoint_every=3)
     assert checkpoint.exists() and checkpoint.stat().st_mode & 0o077 == 0  # private: it holds the generators
     memory = torch.load(checkpoint, weights_only=True)["memory"]
     if METHODS[method].one_query:
         assert len(memory["previous_gradient"]) == len(reference.task_vector) + len(reference.head)
     messages = []
-    resumed = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint,
+    resumed = train(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint,
                        checkpoint_every=3)
     assert any("resumed from" in m and "at step 6/16" in m for m in messages)
     assert resumed.record == reference.record  # same steps, sigma and spent epsilon: nothing spent twice
@@ -300,7 +300,7 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
 def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(toy_backbone, toy_data, tmp_path, kind):
     features, labels = toy_data
     config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2, seed=2)
-    reference = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    reference = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     checkpoint = tmp_path / "run.ckpt"
     if kind == "corrupt":
         checkpoint.write_bytes(b"not a checkpoint")
@@ -312,11 +312,11 @@ def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(to
                 raise Killed
 
         with pytest.raises(Killed):
-            finetune(toy_backbone, 3, features, labels, replace(other, log_every=1), **keyed(), log=kill_at_step_5,
+            train(toy_backbone, 3, features, labels, replace(other, log_every=1), **keyed(), log=kill_at_step_5,
                      checkpoint=checkpoint, checkpoint_every=2)
         assert checkpoint.exists()
     messages = []
-    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint)
+    result = train(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint)
     # another seed index is another mechanism: other settings and other keyed streams
     expected = "unreadable" if kind == "corrupt" else "belongs to another run (differs in ['config', 'randomness'])"
     assert any(str(checkpoint) in m and expected in m for m in messages), messages
@@ -332,7 +332,7 @@ def test_checkpoint_of_another_noise_layout_restarts_clean(toy_backbone, toy_dat
     features, labels = toy_data
     config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2, seed=2,
                             log_every=1)
-    reference = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    reference = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     checkpoint = tmp_path / "run.ckpt"
 
     def kill_at_step_5(message):
@@ -342,11 +342,11 @@ def test_checkpoint_of_another_noise_layout_restarts_clean(toy_backbone, toy_dat
     with monkeypatch.context() as patched:
         patched.setattr(randomness, "NOISE_GENERATORS", 1)
         with pytest.raises(Killed):
-            finetune(toy_backbone, 3, features, labels, config, **keyed(), log=kill_at_step_5, checkpoint=checkpoint,
+            train(toy_backbone, 3, features, labels, config, **keyed(), log=kill_at_step_5, checkpoint=checkpoint,
                      checkpoint_every=2)
     assert torch.load(checkpoint, weights_only=True)["noise"].dim() == 1  # one generator's state
     messages = []
-    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint)
+    result = train(toy_backbone, 3, features, labels, config, **keyed(), log=messages.append, checkpoint=checkpoint)
     assert any("belongs to another run (differs in ['random_streams'])" in m for m in messages), messages
     for key in reference.task_vector:
         assert torch.equal(result.task_vector[key], reference.task_vector[key])
@@ -356,11 +356,11 @@ def test_delta_up_to_one_over_n_is_accepted_and_above_it_refused(toy_backbone, t
     features, labels = toy_data
     for delta in (1 / 64, 1e-5):  # the default's 1/N, given explicitly, and a smaller one
         config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, epochs=0.25, delta=delta)
-        assert finetune(toy_backbone, 3, features, labels, config, **keyed(),
+        assert train(toy_backbone, 3, features, labels, config, **keyed(),
                         log=lambda _: None).record["delta"] == delta
     config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=8, delta=1.5 / 64)
     with pytest.raises(ValueError, match=r"finetune.delta must be in \(0, 1/N\] = \(0, 0.015625\] for N = 64"):
-        finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+        train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
 
 
 def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(toy_backbone, toy_data, monkeypatch):
@@ -368,7 +368,7 @@ def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(
     function that queries its batch once more than declared is caught before anything is released."""
     features, labels = toy_data
     config = FinetuneConfig(method="naive_dp", target_epsilon=4.0, epochs=1.0, batch_size=8, lr=1e-2)
-    honest = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    honest = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert honest.record["steps_by_queries"] == {"1": 8}
 
     def leaky_step(query, params, anchors, features, labels, memory):
@@ -378,7 +378,7 @@ def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(
     monkeypatch.setitem(STEPS, "naive_dp", leaky_step)
     pretrained = toy_backbone.top_state()
     with pytest.raises(RuntimeError, match=r"refusing to release: the 8 steps that ran made \{2: 8\}.*> target 4.0"):
-        finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+        train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     after = toy_backbone.top_state()
     assert all(torch.equal(after[name], pretrained[name]) for name in pretrained)  # nothing half-trained is left
 
@@ -386,7 +386,7 @@ def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(
 def test_nonprivate_reference_records_infinite_epsilon(toy_backbone, toy_data):
     features, labels = toy_data
     config = FinetuneConfig(method="nonprivate", target_epsilon=None, epochs=1.0, batch_size=8, lr=1e-2)
-    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    result = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert result.record["target_epsilon"] == "inf" and result.record["spent_epsilon"] == "inf"
     assert result.record["noise_multiplier"] == 0.0 and result.record["queries_per_step"] == 1
     assert any(v.abs().sum() > 0 for v in result.task_vector.values())
@@ -418,7 +418,7 @@ def test_betas_from_a_json_list_become_a_tuple():
 def test_batch_larger_than_the_dataset_is_refused(toy_backbone, toy_data):
     features, labels = toy_data
     with pytest.raises(ValueError, match="batch_size 100 exceeds the 64 training examples"):
-        finetune(toy_backbone, 3, features, labels,
+        train(toy_backbone, 3, features, labels,
                  FinetuneConfig(method="naive_dp", target_epsilon=4.0, batch_size=100),
                  **keyed())
 
@@ -429,10 +429,10 @@ def test_a_head_only_run_trains_the_head_under_dp_and_leaves_w0_alone(toy_backbo
     features, labels = toy_data
     trainable_before = [p.requires_grad for p in toy_backbone.network.parameters()]
     config = FinetuneConfig(method="pretrained_head", target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, seed=3)
-    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    result = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert all(torch.count_nonzero(v) == 0 for v in result.task_vector.values())
     assert result.record["steps_by_queries"] == {"1": 8} and 0 < result.record["spent_epsilon"] <= 2.0
-    initial = finetune(toy_backbone, 3, features, labels, replace(config, epochs=1e-9), **keyed(),
+    initial = train(toy_backbone, 3, features, labels, replace(config, epochs=1e-9), **keyed(),
                        log=lambda _: None).head  # one step: close to the initial head
     assert any(not torch.allclose(result.head[k], initial[k]) for k in result.head)
     assert [p.requires_grad for p in toy_backbone.network.parameters()] == trainable_before
@@ -448,10 +448,10 @@ def test_a_head_only_run_reads_w0s_top_once_and_trains_the_head_it_would_per_ste
     top_calls = []
     top = toy_backbone.top
     monkeypatch.setattr(toy_backbone, "top", lambda *x: top_calls.append(len(x[0])) or top(*x))
-    cached = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    cached = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert top_calls == [len(labels)]  # one chunk of 64 examples, not one call per step
     monkeypatch.setattr(finetune_module, "head_only_inputs", lambda model, inputs, backbone: inputs)
-    per_step = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    per_step = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     assert len(top_calls) > 16  # the 16 steps' forwards, and the logged losses
     assert cached.record == per_step.record
     assert all(torch.allclose(cached.head[k], per_step.head[k], atol=1e-6) for k in cached.head)
@@ -461,7 +461,7 @@ def test_a_head_only_run_with_a_frozen_zero_shot_head_touches_no_data(toy_backbo
     features, labels = toy_data
     head = {name: value.clone() for name, value in TaskModel(toy_backbone, 3).head.state_dict().items()}
     config = FinetuneConfig(method="pretrained_head", target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, seed=3)
-    result = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None, head=head,
+    result = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None, head=head,
                       train_head=False)
     assert result.record["steps_by_queries"] == {} and result.record["spent_epsilon"] == 0.0
     assert all(torch.equal(result.head[k], head[k]) for k in head)
@@ -477,7 +477,7 @@ def test_the_w0_a_fine_tune_records_is_the_one_rule_pretrained_writes(tmp_path, 
     config = FinetuneConfig(method="nonprivate", target_epsilon=None, epochs=1.0, batch_size=8, lr=1e-2)
     backbone = ToyBackbone(tmp_path / "toy.bin")
     w0 = backbone.top_state()
-    result = finetune(backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    result = train(backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     recorded, written = result.record["w0_sha256"], tmp_path / "w0.safetensors"
     assert recorded == file_tensors_sha256(written) == read_metadata(written)["w0_sha256"] == tensors_sha256(w0)
     assert recorded != tensors_sha256({k: w0[k] + result.task_vector[k] for k in w0})  # not the fine-tuned weights

@@ -13,7 +13,7 @@ from dpmerge.methods import METHODS
 from dpmerge.models.base import TaskModel
 from dpmerge.privacy.randomness import GeneratorStream
 from dpmerge.training.dp_step import adamw, method_update, privatized_gradient
-from dpmerge.training.finetune import FinetuneConfig, finetune
+from dpmerge.training.finetune import FinetuneConfig, train
 from dpmerge.training.persample import make_clipper
 
 
@@ -89,7 +89,7 @@ def test_dpsat_is_accounted_at_one_query_per_step_with_dp_sgds_noise(toy_backbon
     records = {}
     for method in ("naive_dp", "dp_sat", "dp_sat_anchor", "dp_sam"):
         config = FinetuneConfig(method=method, target_epsilon=3.0, epochs=1.0, batch_size=8, lr=1e-2, seed=2)
-        records[method] = finetune(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None).record
+        records[method] = train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None).record
     for method in ("dp_sat", "dp_sat_anchor"):
         record = records[method]
         assert record["queries_per_step"] == 1 and record["steps_by_queries"] == {"1": 8}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import TEST_STUDY_KEY, keyed
-from dpmerge.training.finetune import FinetuneConfig, finetune
+from dpmerge.training.finetune import FinetuneConfig, train
 
 # The auditor's paper-like setting: N = 5000, B = 16, 10 epochs, epsilon 1, delta = 1/N.
 PAPER_N, PAPER_B, PAPER_EPOCHS = 5000, 16, 10
@@ -108,7 +108,7 @@ def test_an_add_remove_record_is_the_same_with_or_without_the_example(toy_backbo
                             accountant="pld", public_n=80)
     records = []
     for count in (64, 63):
-        result = finetune(toy_backbone, 3, tuple(f[:count] for f in features), labels[:count], config, **keyed(),
+        result = train(toy_backbone, 3, tuple(f[:count] for f in features), labels[:count], config, **keyed(),
                           log=lambda _: None)
         records.append(result.record)
     with_it, without = records
@@ -143,7 +143,7 @@ def first_noise_and_batch(monkeypatch, backbone, features, labels, config):
         return real(per_sample, batch_features, batch_labels, noise=noise, **kwargs)
 
     monkeypatch.setattr(training, "privatized_gradient", spy)
-    finetune(backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
+    train(backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
     return seen[0]
 
 

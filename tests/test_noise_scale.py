@@ -26,7 +26,7 @@ from dpmerge.diagnostics.noise_scale import (
 from dpmerge.models.base import TaskModel
 from dpmerge.privacy.randomness import GeneratorStream
 from dpmerge.training.dp_step import privatized_gradient
-from dpmerge.training.finetune import FinetuneConfig, finetune
+from dpmerge.training.finetune import FinetuneConfig, train
 from dpmerge.training.persample import make_clipper
 
 
@@ -40,7 +40,7 @@ def test_the_dp_piece_is_the_spread_of_the_runs_own_privatized_gradient(toy_back
     mechanism hands the optimizer (the same batch queried again and again: only the noise varies)."""
     features, labels = toy_data
     config = FinetuneConfig(method=method, target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, clip_norm=0.5)
-    record = finetune(toy_backbone, 3, features, labels, config, **keyed(method=method), log=lambda _: None).record
+    record = train(toy_backbone, 3, features, labels, config, **keyed(method=method), log=lambda _: None).record
     settings = record["hyperparameters"]
     predicted = dp_noise_std(record["noise_multiplier"], record["clip_norm"], settings["batch_size"])
     model = TaskModel(toy_backbone, 3)
@@ -54,7 +54,7 @@ def test_the_dp_piece_is_the_spread_of_the_runs_own_privatized_gradient(toy_back
     measured = float(draws.std(dim=0).pow(2).mean().sqrt())
     assert measured == pytest.approx(predicted, rel=0.03)
     if method == "dp_merging":  # two queries per batch: sigma (so s_dp) sqrt(2) x naive DP's at the same budget
-        naive = finetune(toy_backbone, 3, features, labels, FinetuneConfig(
+        naive = train(toy_backbone, 3, features, labels, FinetuneConfig(
             method="naive_dp", target_epsilon=2.0, epochs=1.0, batch_size=8, lr=1e-2, clip_norm=0.5),
             **keyed(method="naive_dp"), log=lambda _: None).record
         assert predicted == pytest.approx(math.sqrt(2) * naive["noise_multiplier"] * 0.5 / 8, rel=1e-4)

@@ -14,7 +14,7 @@ from dpmerge.models import losses
 from dpmerge.models.base import TaskModel
 from dpmerge.models.registry import BACKBONES, load_backbone
 from dpmerge.models.standins import TINY_CLIP_NAME, write_tiny_clip, write_tiny_roberta
-from dpmerge.training.finetune import FinetuneConfig, finetune
+from dpmerge.training.finetune import FinetuneConfig, train
 from dpmerge.training.persample import make_clipper
 
 open_clip = pytest.importorskip("open_clip")
@@ -143,7 +143,7 @@ def test_clip_finetune_keeps_the_zero_shot_head_frozen(clip_files):
     (features,) = backbone.trunk_features(uint8_images(48))
     labels = torch.arange(48) % 3
     config = FinetuneConfig(method="dp_merging", target_epsilon=8.0, epochs=1, batch_size=16, lr=1e-3)
-    result = finetune(backbone, 3, (features,), labels, config, **keyed(), log=lambda _: None, head=head,
+    result = train(backbone, 3, (features,), labels, config, **keyed(), log=lambda _: None, head=head,
                       train_head=False)
     assert all(torch.equal(result.head[k], head[k]) for k in head)
     assert set(result.task_vector) == set(backbone.trainable_names())
@@ -220,7 +220,7 @@ def test_regression_head_trains_privately_and_scores_by_spearman(roberta_dir):
     features = backbone.trunk_features(texts)
     labels = torch.tensor([float(i % 5) for i in range(40)])
     config = FinetuneConfig(method="naive_dp", target_epsilon=8.0, epochs=1, batch_size=8, lr=1e-3)
-    result = finetune(backbone, 1, features, labels, config, **keyed(), log=lambda _: None)
+    result = train(backbone, 1, features, labels, config, **keyed(), log=lambda _: None)
     assert result.head["out_proj.weight"].shape == (1, backbone.embed_dim)
     model = TaskModel.with_head(backbone, result.head)
     with torch.no_grad():

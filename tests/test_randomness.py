@@ -40,7 +40,7 @@ from dpmerge.privacy.study_key import (
     mechanism_fingerprint,
     read_key,
 )
-from dpmerge.training.finetune import FinetuneConfig, finetune, finetune_identity
+from dpmerge.training.finetune import FinetuneConfig, finetune_identity, train
 
 # ------------------------------------------------------------------------------------------ the key file
 
@@ -300,7 +300,7 @@ def fresh_key():
 
 
 def run(backbone, features, labels, config=BASE, **randomness):
-    return finetune(backbone, 3, features, labels, config, **(randomness or keyed()), log=lambda _: None)
+    return train(backbone, 3, features, labels, config, **(randomness or keyed()), log=lambda _: None)
 
 
 def same(a, b):

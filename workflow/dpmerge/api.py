@@ -29,8 +29,7 @@ from dpmerge.models.evaluation import evaluate_head
 from dpmerge.privacy.release import check_release_group, merged_release_budget
 from dpmerge.privacy.release_log import ReleaseLogError, check_replacement, publish, release_log_path
 from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
-from dpmerge.training.finetune import FinetuneConfig, mechanism_identity
-from dpmerge.training.finetune import finetune as train
+from dpmerge.training.finetune import FinetuneConfig, mechanism_identity, train
 
 TaskVector = dict[str, torch.Tensor]
 # FinetuneConfig's fields a caller may set by keyword (method and epsilon have their own arguments)

@@ -36,7 +36,8 @@ rule audit:
         # not a setting of the release: a resource, so changing it reruns nothing (finetune.smk)
         replace_release="yes" if config["privacy"]["replace_releases"] else "no",
     shell:
-        GPU_JOB + "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        f"{GPU_JOB}"
+        "dpmerge audit --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} "
         "--seed {params.seed} --hparams {params.hparams:q} --kind {wildcards.kind} --canaries {params.canaries} "
         "--audit-delta {params.delta} --confidence {params.confidence} {params.groups} "

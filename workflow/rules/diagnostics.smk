@@ -46,7 +46,8 @@ rule interpolation:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB + "dpmerge interpolate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        f"{GPU_JOB}"
+        "dpmerge interpolate --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} "
         "--points {params.points} --max-examples {params.max_examples} --threads {threads} "
         "-o {output} > {log} 2>&1"
@@ -79,7 +80,8 @@ rule curvature:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB + "dpmerge curvature --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        f"{GPU_JOB}"
+        "dpmerge curvature --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --rho {params.rho} "
         "--iterations {params.iterations} --gammas {params.gammas} --max-examples {params.max_examples} "
         "--threads {threads} -o {output} > {log} 2>&1"
@@ -113,7 +115,8 @@ rule landscape:
         gpu=gpus,
         runtime="2h",
     shell:
-        GPU_JOB + "dpmerge landscape --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
+        f"{GPU_JOB}"
+        "dpmerge landscape --backbone-spec {params.spec:q} --base {input.base} --merged {input.merged} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --plane {params.plane} "
         "--points {params.points} --span {params.span} --max-examples {params.max_examples} --seed {params.seed} "
         "--threads {threads} -o {output} > {log} 2>&1"
@@ -144,7 +147,7 @@ rule linearity:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB
-        + "dpmerge linearity --curvature {input.curvature} --backbone-spec {params.spec:q} --base {input.base} "
+        f"{GPU_JOB}"
+        "dpmerge linearity --curvature {input.curvature} --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --alphas {params.alphas} "
         "--max-examples {params.max_examples} --threads {threads} -o {output} > {log} 2>&1"

@@ -51,7 +51,8 @@ rule prepare:
         gpu=gpus,
         sampling_limits=sampling_limits,
     shell:
-        GPU_JOB + "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        f"{GPU_JOB}"
+        "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--task {wildcards.task} --max-train {params.max_train} --max-test {params.max_test} "
         "--data-seed {params.seed} {params.validation} "
         f"{DATA_DIR_ARGUMENT} {{params.own_task}} --sampling-limits {{resources.sampling_limits:q}} "
@@ -77,7 +78,8 @@ rule zeroshot_head:
         runtime="30m",
         gpu=gpus,
     shell:
-        GPU_JOB + "dpmerge zeroshot-head --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        f"{GPU_JOB}"
+        "dpmerge zeroshot-head --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --out {output} > {log} 2>&1"
 
 
@@ -114,7 +116,8 @@ rule finetune:
         replace_release="yes" if config["privacy"]["replace_releases"] else "no",
     shell:
         # The key's path is part of the command: it changes only with the results folder, which reruns all anyway.
-        GPU_JOB + "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
+        f"{GPU_JOB}"
+        "dpmerge finetune --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "
         "--data {input.data} --zeroshot-head {input.zeroshot} --method {wildcards.method} {params.epsilon} --seed {params.seed} "
         "--hparams {params.hparams:q} "
         f"--study-key {STUDY_KEY} "

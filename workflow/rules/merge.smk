@@ -29,7 +29,8 @@ rule merge_statistics:
         # not a setting of the release: a resource, so changing it reruns nothing (finetune.smk)
         replace_release="yes" if config["privacy"]["replace_releases"] else "no",
     shell:
-        GPU_JOB + "dpmerge statistics {params.flags} {params.public} "
+        f"{GPU_JOB}"
+        "dpmerge statistics {params.flags} {params.public} "
         f"--study-key {STUDY_KEY} --replace-release {{resources.replace_release}} "
         "--backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} --threads {threads} "
@@ -72,7 +73,8 @@ rule merge_group:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB + "dpmerge score-group --backbone-spec {params.spec:q} --base {input.base} "
+        f"{GPU_JOB}"
+        "dpmerge score-group --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
         "--individual-out {output.individual} --merges {params.merges:q} {params.files} "
         "--require-privacy-record --threads {threads} > {log} 2>&1"
@@ -106,7 +108,8 @@ rule merge:
         runtime="1h",
     shell:
         # --require-privacy-record: in the study every input is a release; only a record-less merge by hand warns
-        GPU_JOB + "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
+        f"{GPU_JOB}"
+        "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
         "{input.vectors} && "
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {output.merged} "
         "--heads {input.heads} --data {input.data} --threads {threads} -o {output.scores}) > {log} 2>&1"
@@ -135,6 +138,7 @@ rule evaluate_individual:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB + "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
+        f"{GPU_JOB}"
+        "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} "
         "--task-vectors {input.vectors} --heads {input.heads} --data {input.data} {params.own_task} "
         "--threads {threads} -o {output} > {log} 2>&1"

@@ -54,7 +54,8 @@ rule mix_merge:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB + "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
+        f"{GPU_JOB}"
+        "(dpmerge merge {params.hyper} --require-privacy-record --base {input.base} -o {output.merged} "
         "{input.vectors} && "
         "dpmerge evaluate --backbone-spec {params.spec:q} --base {input.base} --merged {output.merged} "
         "--heads {input.heads} --data {input.data} --threads {threads} -o {output.scores}) > {log} 2>&1"

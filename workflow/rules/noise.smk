@@ -29,8 +29,8 @@ rule noise_scale:
         gpu=gpus,
         runtime="1h",
     shell:
-        GPU_JOB
-        + "dpmerge noise-scale --backbone-spec {params.spec:q} --base {input.base} --task-vectors {input.vectors} "
+        f"{GPU_JOB}"
+        "dpmerge noise-scale --backbone-spec {params.spec:q} --base {input.base} --task-vectors {input.vectors} "
         "--heads {input.heads} --data {input.data} --individual {input.individual} --merged {input.merged} "
         "--interpolation {input.interpolation} --label {wildcards.method} --sweep {params.sweep} "
         "--max-examples {params.max_examples} -o {output} > {log} 2>&1"

@@ -43,8 +43,7 @@ from dpmerge.report.audit import audit_summary, group_summary, plot_audit, write
 from dpmerge.stages.common import log, write_parquet
 from dpmerge.stages.finetune import backbone_settings, training_inputs
 from dpmerge.training.canaries import InputCanaries, WhiteBoxAudit, dirac_scores
-from dpmerge.training.finetune import finetune as train
-from dpmerge.training.finetune import finetune_identity
+from dpmerge.training.finetune import finetune_identity, train
 
 AUDIT_DELTA = 1e-5  # the delta the bound is stated at: its 2 m delta term must be small beside 1
 AUDIT_KINDS = ("white_box", "black_box")

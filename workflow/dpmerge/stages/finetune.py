@@ -20,8 +20,7 @@ from dpmerge.privacy.release_log import (
 )
 from dpmerge.privacy.study_key import StudyKeyError, load_or_create_key, mechanism_fingerprint
 from dpmerge.stages.common import log
-from dpmerge.training.finetune import FinetuneConfig, mechanism_identity
-from dpmerge.training.finetune import finetune as train
+from dpmerge.training.finetune import FinetuneConfig, mechanism_identity, train
 
 
 def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams: dict,

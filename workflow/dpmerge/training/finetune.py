@@ -282,7 +282,7 @@ class GradientOracle:
         return gradients
 
 
-def finetune(
+def train(
     backbone: Backbone,
     num_classes: int,
     train_features: tuple[torch.Tensor, ...],
