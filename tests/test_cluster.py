@@ -160,8 +160,8 @@ def test_slurm_profile_run_with_a_cancelled_fine_tune_matches_the_local_run(slur
     run = start_snakemake(
         tmp_path, "--workflow-profile", str(ROOT / "profiles/slurm"),
         # no accounting database on this cluster: poll with squeue (the plugin would wait on sacct forever)
-        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
-        "--seconds-between-status-checks", "5",
+        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+        "--seconds-between-status-checks", "1",
         env={"DPMERGE_SLURM_PARTITION": "debug", "DPMERGE_SLURM_ACCOUNT": ""})
     task = wait_for_checkpoint(tmp_path, run).stem
     # what preemption looks like: the scheduler ends the job; Snakemake's retry (profile: retries) resubmits it
