@@ -81,12 +81,10 @@ test: install
 	# two workers, each taking whole test files (module fixtures run once; the Slurm test waits on its daemons)
 	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile tests
 
-# The inner loop (about a minute): the DP step against brute force, accounting and neighbours, the method specs, the
-# merge operators against their reference code, the tables, answer page and signal check; no workflow runs.
-FAST_TESTS := test_dp test_score_group test_rdp test_neighbouring test_persample test_methods test_merge_operators \
-	test_merge_conventions test_tables test_answer test_signal_check test_safetensors_files test_protocol
+# The inner loop (under a minute on 2 cores): every test that starts no Snakemake, needs nothing beyond Python and
+# takes under about a second (tests/tiers.py: markers workflow, system, slow); `make test` runs them all.
 test-fast: install
-	$(BIN)/python -m pytest -q $(addprefix tests/,$(addsuffix .py,$(FAST_TESTS))) -k "not random_labels"
+	$(BIN)/python -m pytest -q -n 2 -m "not workflow and not system and not slow" tests
 
 clean:
 	rm -rf results results_study results_full results_noise results_mixing results_protocol results_protocol_reference results_ace results_denoise results_standin standins .snakemake

@@ -23,8 +23,9 @@ sys.path.insert(0, str(ROOT / "workflow"))
 from dpmerge import runtime  # noqa: E402
 from dpmerge.models.base import Backbone  # noqa: E402
 
-# Fixtures every audit test module uses (a wide toy top and its study key), kept beside the toys they build
-pytest_plugins = ["audit_toys"]
+# Fixtures every audit test module uses (a wide toy top and its study key), kept beside the toys they build; the
+# suite's tiers (tiers.py: which tests start Snakemake)
+pytest_plugins = ["audit_toys", "tiers"]
 
 # The test session is where these commands start: tests that import torchvision directly need the schemas, and
 # in-process fine-tunes run with the allocator the CLI uses.

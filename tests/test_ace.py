@@ -235,6 +235,7 @@ def test_the_score_summary_pairs_dp_merging_with_dp_by_seed():
         score_summary(_score_rows(), ["ace", "iso_c"])
 
 
+@pytest.mark.slow
 def test_ace_report_writes_both_tables_and_the_figure(tmp_path):
     from dpmerge.stages.report import ace_report
 

@@ -53,6 +53,7 @@ def test_the_bound_is_the_largest_refuted_epsilon():
     assert epsilon_lower_bound(1000, 250, 238, 1e-4) < bound
 
 
+@pytest.mark.slow
 def test_the_bound_holds_on_an_exactly_private_mechanism_and_has_power():
     rng = np.random.default_rng(0)
     bounds = [audit_scores(*randomized_response_scores(rng, 500, 2.0), delta=0.0)["epsilon_lb"] for _ in range(200)]
@@ -90,6 +91,7 @@ def audited(wide, method, epsilon, canaries=2000, **settings):
     return audit_scores(scores, result.canaries.included.numpy(), delta=1e-5), result
 
 
+@pytest.mark.slow
 def test_canaries_are_placed_on_distinct_task_vector_coordinates_and_half_are_included(wide):
     _, result = audited(wide, "naive_dp", 8.0)
     coordinates = result.canaries.coordinates
@@ -97,6 +99,7 @@ def test_canaries_are_placed_on_distinct_task_vector_coordinates_and_half_are_in
     assert abs(int(result.canaries.included.sum()) - 1000) < 100
 
 
+@pytest.mark.slow
 def test_without_noise_the_audit_sees_the_leakage(wide):
     nonprivate, _ = audited(wide, "nonprivate", None)
     private, _ = audited(wide, "naive_dp", 1.0)
@@ -104,6 +107,7 @@ def test_without_noise_the_audit_sees_the_leakage(wide):
     assert nonprivate["epsilon_lb"] > 3 * private["epsilon_lb"]
 
 
+@pytest.mark.slow
 def test_dp_sam_calibrated_for_one_query_leaks_more_than_dp_sam_calibrated_for_two(wide, monkeypatch):
     """The bug privacy rule 1 forbids: DP-SAM's two queries accounted as one, so sigma is that of DP-SGD."""
     import dpmerge.training.finetune as finetune_module
@@ -119,6 +123,7 @@ def test_dp_sam_calibrated_for_one_query_leaks_more_than_dp_sam_calibrated_for_t
     assert broken["epsilon_lb"] > correct["epsilon_lb"] + 0.2
 
 
+@pytest.mark.slow
 def test_the_audit_command_fails_a_run_whose_noise_never_reached_the_gradient(tmp_path, wide, study_key,
                                                                                monkeypatch):
     from dpmerge import cli
@@ -187,6 +192,7 @@ def test_an_audit_without_power_is_refused_before_it_runs(tmp_path):
               canaries=1000, audit_delta=1e-3)
 
 
+@pytest.mark.slow
 def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tmp_path, wide, study_key):
     from dpmerge.artifacts import save_prepared
     from dpmerge.stages.audit import audit
@@ -215,6 +221,7 @@ def test_a_black_box_audit_sees_what_a_model_user_sees_and_more_without_noise(tm
     assert rows["naive_dp"]["verdict"] == "PASS"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["white_box", "black_box"])
 def test_merged_models_are_audited_per_task_and_merging_leaks_no_more_than_the_claim(tmp_path, wide, study_key,
                                                                                      kind):
@@ -394,6 +401,7 @@ def test_the_workflow_audits_releases_and_merges_and_the_ledger_composes_them(tm
     assert (results / "figures/noise_scale.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("audit,message", [
     ({"methods": ["dp_sam"]}, "audit.methods: 'dp_sam' is not among the configured methods"),
     ({"methods": ["pretrained_head"]}, "audit.methods: 'pretrained_head' trains a head on w0"),
@@ -417,6 +425,7 @@ def test_an_audit_that_cannot_run_is_refused_with_the_config(audit, message):
         check_config(config)
 
 
+@pytest.mark.slow
 def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_its_run_once(tmp_path, wide,
                                                                                           study_key):
     from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
@@ -454,6 +463,7 @@ def test_a_black_box_audit_bounds_each_group_of_classes_and_the_ledger_counts_it
               groups={"first": ["z"]})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["white_box", "black_box"])
 def test_every_audit_draws_its_own_canaries_by_its_full_identity(tmp_path, wide, study_key, kind):
     """Rule 4: two audits that differ only in the seed (or the budget) share no coins, and the same audit
@@ -472,6 +482,7 @@ def test_every_audit_draws_its_own_canaries_by_its_full_identity(tmp_path, wide,
     assert not torch.equal(coins["a"], coins["seed"]) and not torch.equal(coins["a"], coins["budget"])
 
 
+@pytest.mark.slow
 def test_an_audit_run_is_a_release_the_ledger_composes_after_its_file_is_replaced_or_deleted(tmp_path, wide,
                                                                                               study_key):
     """A release is forever (privacy/release_log.py): an audit's rows are computed from a run on the task's data,

@@ -24,6 +24,7 @@ def test_the_membership_auc_is_the_share_of_pairs_an_included_canary_wins():
     assert math.isnan(membership_auc(scores, np.ones(60, dtype=bool))[0])
 
 
+@pytest.mark.slow
 def test_the_auc_interval_covers_the_truth_about_95_percent_of_the_time():
     from scipy.stats import norm
 
@@ -49,6 +50,7 @@ def test_an_exposure_difference_is_centred_and_its_interval_sees_a_real_one():
     assert low < 0 < high
 
 
+@pytest.mark.slow
 def test_pooled_runs_are_a_valid_audit_with_the_power_of_all_their_canaries():
     """Four independent exactly 2-DP runs pooled: above the truth in at most 8 % of trials. Four weak runs
     (signal 0.3 in unit noise, 1,000 canaries each): the pool's bound is well above one run's."""
@@ -90,6 +92,7 @@ def kept_runs(tmp_path, wide, study_key):  # noqa: F811 (fixtures)
     return runs
 
 
+@pytest.mark.slow
 def test_a_pooled_audit_holds_every_run_and_the_ledger_recomputes_its_claim(tmp_path, kept_runs):
     from dpmerge.privacy.audit_ledger import build_audit_ledger, check_audits
     from dpmerge.stages.audit import audit_merged, audit_pooled
@@ -125,6 +128,7 @@ def test_a_pooled_audit_holds_every_run_and_the_ledger_recomputes_its_claim(tmp_
         str(tmp_path / "edited.parquet")])))
 
 
+@pytest.mark.slow
 def test_a_pool_of_runs_that_do_not_belong_together_is_refused(tmp_path, kept_runs, wide, study_key):  # noqa: F811
     from dpmerge.stages.audit import audit, audit_pooled
 

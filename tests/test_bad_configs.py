@@ -103,6 +103,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change,field,fix", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
 def test_the_check_names_the_field_and_the_fix(tmp_path, change, field, fix):
     config = yaml.safe_load(yaml.safe_dump(TINY))

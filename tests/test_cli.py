@@ -177,6 +177,7 @@ def test_every_optional_flag_shows_its_default():
     assert not silent, silent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["dp_step.py", "gpu_readiness.py", "merge_memory.py", "spectral_compute.py",
                                     "startup.py"])
 def test_every_benchmark_flag_shows_its_default(script):
@@ -188,6 +189,7 @@ def test_every_benchmark_flag_shows_its_default(script):
     assert flags and not _flags_without_default(result.stdout, flags)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label,hparams,message", [
     ("dp_merging-rho0.1", '{"rho": 0.2}', "--method dp_merging-rho0.1 says rho = 0.1, but --hparams gives 0.2"),
     ("dp_merging-lambda0.5", "{}", "says anchor_lambda = 0.5, but --hparams gives no value"),
@@ -288,6 +290,7 @@ def test_the_pipeline_refuses_a_vector_without_privacy_record(released):
     assert list(folder.glob("m.safetensors*")) == []
 
 
+@pytest.mark.slow
 def test_the_readme_example_merges_anyones_task_vectors_and_says_they_carry_no_record(tmp_path):
     """`dpmerge merge --method ties --base w0.safetensors tv1 tv2 -o m.safetensors` on plain files as anyone's
     torch code writes them (safetensors.torch.save_file, no metadata at all): merged, a warning on stderr, and a
@@ -363,6 +366,7 @@ def test_a_single_vector_merges_when_asked(released):
     assert torch.allclose(merged["w"], base["w"] + vectors[0]["w"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("param,message", [
     ("density=abc", "hyperparameter 'density' must be a number (default 0.2), got 'abc'"),
     ("merge_func=3", "hyperparameter 'merge_func' must be a word (default 'mean'), got 3"),
@@ -508,6 +512,7 @@ def test_a_vector_that_records_no_w0_hash_is_refused(released):
         main(merge_with_base(folder, folder / "w0.safetensors", [paths[0], str(older)], folder / "m.safetensors"))
 
 
+@pytest.mark.slow
 def test_a_corrupt_input_is_an_error_naming_it_not_a_traceback(released):
     folder, _, _, paths = released
     for corrupt in (cut(folder / "w0.safetensors", 100), cut(folder / "w0.safetensors", 2)):

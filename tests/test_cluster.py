@@ -27,6 +27,9 @@ import slurm_node
 from dpmerge.artifacts import load_tensors
 from workflow_runs import ROOT, SNAKEMAKE, snakemake_env
 
+# Slurm's daemons, installed with apt-get where missing (tests/slurm_node.py): beyond the fast tier (tests/tiers.py)
+pytestmark = pytest.mark.system
+
 # 160 DP-Merging steps per task (about 10 s here) with a checkpoint every 2: a kill after the first checkpoint
 # lands mid-way
 CONFIG = {

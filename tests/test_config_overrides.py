@@ -120,6 +120,7 @@ def test_a_merge_hyperparameter_that_does_not_read_is_named_with_its_default():
         check_config(overridden("merge={ties: {density: lots}}"))
 
 
+@pytest.mark.slow
 def test_overridden_config_passes_the_whole_check():
     config = overridden("seeds=[0]", "epsilons=[1,4]", "methods=[naive_dp,dp_merging]", "finetune={lr: 1e-3}")
     check_config(config)

@@ -9,6 +9,7 @@ from dpmerge.config_check import ConfigError, check_config
 from workflow_runs import TINY
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change,message",
     [

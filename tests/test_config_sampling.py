@@ -17,6 +17,7 @@ from dpmerge.data.registry import EMBEDDED_TASKS, PAPER_TASKS, TASKS
 from workflow_runs import TINY, planned_jobs, snakemake, snakemake_env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EMBEDDED_TASKS)
 def test_the_registry_knows_each_embedded_tasks_training_size(name):
     assert TASKS[name].train_size == len(_full_split(name).train_labels)
@@ -50,6 +51,7 @@ def _config():
     return yaml.safe_load(yaml.safe_dump(TINY))
 
 
+@pytest.mark.slow
 def test_an_own_tasks_batch_and_delta_are_held_against_its_n_before_any_job(tmp_path):
     config = _config()
     config["own_tasks"] = {"mine": _table(tmp_path)}
@@ -67,6 +69,7 @@ def test_an_own_tasks_batch_and_delta_are_held_against_its_n_before_any_job(tmp_
         check_config(yaml.safe_load(yaml.safe_dump(config)))
 
 
+@pytest.mark.slow
 def test_an_unreadable_own_image_is_refused_before_any_job_and_jobs_do_not_read_the_data_again(tmp_path):
     from PIL import Image
 

@@ -46,6 +46,7 @@ def test_snakemake_lint_finds_nothing(configfile, tmp_path):
     assert result.returncode == 0 and "Congratulations" in output, output
 
 
+@pytest.mark.slow
 def test_snakefmt_would_change_nothing():
     # [tool.snakefmt] in pyproject.toml: line length, directive order, shell commands left as written
     result, output = run([sys.executable, "-m", "snakefmt", "--config", ROOT / "pyproject.toml", "--check",
@@ -175,6 +176,7 @@ sys.exit(1 if failed else 0)
 """
 
 
+@pytest.mark.slow
 def test_every_source_file_compiles_on(other_python):
     sources = sorted(str(p) for folder in ("workflow", "tests", "bench") for p in (ROOT / folder).rglob("*.py"))
     result, output = run([other_python, "-c", COMPILE_EACH, *sources])

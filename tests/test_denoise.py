@@ -167,6 +167,7 @@ def _released_vector(tmp_path, task, seed=0, **overrides):
     return str(path)
 
 
+@pytest.mark.slow
 def test_the_ledger_accepts_a_denoised_release_at_no_new_budget(tmp_path):
     from dpmerge.artifacts import read_metadata
     from dpmerge.privacy.ledger import build_ledger, check_ledger, ledger_check, ledger_report, task_composition
@@ -193,6 +194,7 @@ def test_the_ledger_accepts_a_denoised_release_at_no_new_budget(tmp_path):
     assert "| denoise | b | dp_merging | 4.0 | 2 | 2 of 2 |" in ledger_report(both, [])
 
 
+@pytest.mark.slow
 def test_the_ledger_refuses_a_denoised_release_without_its_release_or_with_another_record(tmp_path):
     from dpmerge.artifacts import load_tensors, save_tensors
     from dpmerge.privacy.ledger import build_ledger, check_ledger
@@ -210,6 +212,7 @@ def test_the_ledger_refuses_a_denoised_release_without_its_release_or_with_anoth
     assert any("record differs from its release's in spent_epsilon, target_epsilon" in p for p in problems)
 
 
+@pytest.mark.slow
 def test_denoise_refuses_heads_and_denoising_twice_and_keeps_plain_vectors_plain(tmp_path):
     from dpmerge.artifacts import read_metadata, save_released, save_tensors
     from dpmerge.stages.denoise import denoise

@@ -42,6 +42,7 @@ def test_a_denoise_study_config_passes_and_its_entries_keep_only_the_operators_h
     assert merge_hyperparameters(config, "ties_denoised") == {"density": 0.2}  # denoise is not the operator's
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change,message", [
     (lambda c: c["denoise_study"].update(operators=["ties_twice"]), "denoise_study.operators: 'ties_twice' is not"),
     (lambda c: c["denoise_study"].update(operators=["ties"]), "denoise_study.operators: 'ties' has no denoise"),

@@ -29,6 +29,7 @@ from dpmerge.training.finetune import FinetuneConfig, train
 from dpmerge.training.persample import STRATEGIES, make_clipper
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("clip_norm", [1e-3, 0.2, 1e3])  # all clipped, mixed, none clipped
 def test_clipped_sum_matches_per_example_loop_on_toy_model(toy_backbone, toy_data, clip_norm, strategy):
@@ -37,6 +38,7 @@ def test_clipped_sum_matches_per_example_loop_on_toy_model(toy_backbone, toy_dat
     assert_matches_brute_force(model, tuple(f[:7] for f in features), labels[:7], clip_norm, strategy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(
     "kind,inputs",
@@ -74,6 +76,7 @@ def test_privatized_gradient_noise_has_std_sigma_c_over_b(toy_backbone, toy_data
     assert draws.std().item() == pytest.approx(sigma * clip / batch, rel=0.03)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_dp_merging_update_without_noise_equals_hand_computed_sam_plus_anchor(toy_backbone, toy_data, strategy):
     features, labels = toy_data
@@ -205,6 +208,7 @@ def test_poisson_batches_vary_in_size_with_mean_qn():
     assert sum(sizes) / len(sizes) == pytest.approx(20, rel=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["naive_dp", "dp_merging", "dp_sam", "dp_anchor", "dp_sat", "dp_sat_anchor"])
 def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_data, method):
     features, labels = toy_data
@@ -230,6 +234,7 @@ def test_finetune_releases_a_complete_record_within_budget(toy_backbone, toy_dat
     assert all(torch.equal(after[name], pretrained[name]) for name in pretrained)
 
 
+@pytest.mark.slow
 def test_finetune_is_deterministic_given_the_key_and_identity(toy_backbone, toy_data):
     features, labels = toy_data
     config = FinetuneConfig(method="dp_merging", target_epsilon=4.0, epochs=0.5, batch_size=8, lr=1e-2, seed=1)
@@ -239,6 +244,7 @@ def test_finetune_is_deterministic_given_the_key_and_identity(toy_backbone, toy_
         assert torch.equal(first.task_vector[key], second.task_vector[key])
 
 
+@pytest.mark.slow
 def test_head_lr_moves_only_the_head_faster_and_leaves_unset_runs_as_they_were(toy_backbone, toy_data):
     """finetune.head_lr gives the head its own AdamW rate (here 10 x lr: the head moves further); a run without
     it keeps the identity, and so the randomness, it had before the setting existed, and a run with it is another
@@ -266,6 +272,7 @@ class Killed(Exception):
 
 
 # dp_sat_anchor: DPSAT's ascent at step t needs step t-1's gradient, so its checkpoint must keep it
+@pytest.mark.slow
 @pytest.mark.parametrize("method,rng", [("dp_merging", "keyed"), ("dp_merging", "secure"), ("dp_sat_anchor", "keyed")])
 def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone, toy_data, tmp_path, method, rng):
     features, labels = toy_data
@@ -296,6 +303,7 @@ def test_killed_run_resumes_bit_identically_without_spending_twice(toy_backbone,
         assert torch.equal(resumed.head[key], reference.head[key])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["foreign", "corrupt"])
 def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(toy_backbone, toy_data, tmp_path, kind):
     features, labels = toy_data
@@ -324,6 +332,7 @@ def test_foreign_or_corrupt_checkpoint_is_refused_and_training_restarts_clean(to
         assert torch.equal(result.task_vector[key], reference.task_vector[key])
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_noise_layout_restarts_clean(toy_backbone, toy_data, tmp_path, monkeypatch):
     """A checkpoint holds each generator's state; one written when the streams had another number of generators
     (an older version) cannot resume them, and is named as such instead of failing on the state's shape."""
@@ -352,6 +361,7 @@ def test_checkpoint_of_another_noise_layout_restarts_clean(toy_backbone, toy_dat
         assert torch.equal(result.task_vector[key], reference.task_vector[key])
 
 
+@pytest.mark.slow
 def test_delta_up_to_one_over_n_is_accepted_and_above_it_refused(toy_backbone, toy_data):
     features, labels = toy_data
     for delta in (1 / 64, 1e-5):  # the default's 1/N, given explicitly, and a smaller one
@@ -363,6 +373,7 @@ def test_delta_up_to_one_over_n_is_accepted_and_above_it_refused(toy_backbone, t
         train(toy_backbone, 3, features, labels, config, **keyed(), log=lambda _: None)
 
 
+@pytest.mark.slow
 def test_the_release_check_counts_the_queries_that_ran_and_refuses_an_extra_one(toy_backbone, toy_data, monkeypatch):
     """The spent epsilon comes from the queries the loop counted, not from the method's declared count: a step
     function that queries its batch once more than declared is caught before anything is released."""
@@ -423,6 +434,7 @@ def test_batch_larger_than_the_dataset_is_refused(toy_backbone, toy_data):
                  **keyed())
 
 
+@pytest.mark.slow
 def test_a_head_only_run_trains_the_head_under_dp_and_leaves_w0_alone(toy_backbone, toy_data):
     """The Pretrained row's run: zero task vector, a head trained by DP-AdamW at the same budget, and the
     backbone's trainable flags back as they were."""
@@ -438,6 +450,7 @@ def test_a_head_only_run_trains_the_head_under_dp_and_leaves_w0_alone(toy_backbo
     assert [p.requires_grad for p in toy_backbone.network.parameters()] == trainable_before
 
 
+@pytest.mark.slow
 def test_a_head_only_run_reads_w0s_top_once_and_trains_the_head_it_would_per_step(toy_backbone, toy_data, monkeypatch):
     """The head-only run applies the frozen top to the training set once; the head it releases is the one the
     per-step forward (the top at every step) trains from the same key."""

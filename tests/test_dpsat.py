@@ -83,6 +83,7 @@ def test_two_dpsat_steps_match_hand_computation_with_the_noise_in_the_ascent(toy
     assert any(not torch.allclose(u, e, atol=1e-4) for u, e in zip(update2, unperturbed))
 
 
+@pytest.mark.slow
 def test_dpsat_is_accounted_at_one_query_per_step_with_dp_sgds_noise(toy_backbone, toy_data):
     """One query per step: DPSAT's sigma is naive DP's at the same target, and DP-SAM's is sqrt(2) times it."""
     features, labels = toy_data

@@ -67,6 +67,7 @@ def assert_written(*paths):
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 2000
 
 
+@pytest.mark.slow
 def test_sharpness_and_drift_against_epsilon(tmp_path, drawn):
     outs = [tmp_path / "fig3.png", tmp_path / "fig3.pdf"]
     figures.plot_sharpness_drift(curvature_frame(), drift_frame(), outs, "Fig. 3")
@@ -91,6 +92,7 @@ def test_sharpness_and_drift_against_epsilon(tmp_path, drawn):
     assert (dp.get_linestyle(), dp.get_marker()) != (ours.lines[0].get_linestyle(), ours.lines[0].get_marker())
 
 
+@pytest.mark.slow
 def test_one_epsilon_draws_points(tmp_path, drawn):
     outs = [tmp_path / "one.png", tmp_path / "one.pdf"]
     figures.plot_sharpness_drift(curvature_frame(("4.0",)), drift_frame(("4.0",)), outs, "one budget")
@@ -111,6 +113,7 @@ def test_sharpness_needs_a_private_run_and_one_backbone(tmp_path):
         figures.plot_sharpness_drift(pd.concat([curvature, other]), drift, tmp_path / "x.png", "")
 
 
+@pytest.mark.slow
 def test_gap_against_bound_and_estimate(tmp_path, drawn):
     outs = [tmp_path / "gap.png", tmp_path / "gap.pdf"]
     figures.plot_gap_vs_bound(curvature_frame(), outs, "gaps")
@@ -126,6 +129,7 @@ def test_gap_against_bound_and_estimate(tmp_path, drawn):
     assert not any("≤ 0" in label for label in bound["artists"])
 
 
+@pytest.mark.slow
 def test_non_positive_gaps_are_drawn_at_a_floor_and_counted(tmp_path, drawn):
     curvature = curvature_frame().reset_index(drop=True)
     curvature.loc[0, "merge_gap"] = -0.003

@@ -56,6 +56,7 @@ def test_drift_measures_plain_vectors(plain):
     assert list(rows["task"]) == ["tv0", "tv1"] and (rows["drift"] > 0).all()
 
 
+@pytest.mark.slow
 def test_the_ledger_names_a_vector_without_a_record(plain):
     folder, paths = plain
     result = subprocess.run([sys.executable, "-m", "dpmerge.cli", "ledger", *paths, "--out", str(folder / "l.parquet"),

@@ -74,6 +74,7 @@ def client(address, argv, **kwargs):
     return subprocess.Popen([sys.executable, "-c", code], **kwargs)
 
 
+@pytest.mark.slow
 def test_a_command_through_the_server_writes_what_it_writes_in_process(server, vectors):
     address, _ = server
     folder, paths = vectors
@@ -84,6 +85,7 @@ def test_a_command_through_the_server_writes_what_it_writes_in_process(server, v
     assert here_meta == served_meta and torch.equal(here["w"], served["w"])
 
 
+@pytest.mark.slow
 def test_errors_reach_the_callers_stderr_with_the_exit_code(server, vectors, capsys):
     address, _ = server
     folder, paths = vectors
@@ -101,6 +103,7 @@ def children_of(process):
     return psutil.Process(process.pid).children()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_killing_the_job_kills_its_forked_command(server, vectors, how):
     address, process = server
@@ -164,6 +167,7 @@ def held_server(tmp_path, start_command: bool):
     return job, command
 
 
+@pytest.mark.slow
 def test_a_signal_before_the_command_pid_reaches_the_client_still_reaches_the_command(tmp_path):
     """The real server forks the command before the client hears its PID; a job killed in that window (Snakemake
     or Slurm is free to) must end as the command's death, not as the client's. The stand-in server holds the PID
@@ -173,6 +177,7 @@ def test_a_signal_before_the_command_pid_reaches_the_client_still_reaches_the_co
     assert job.returncode == 128 + signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_a_signal_before_a_server_that_then_fails_kills_the_client_rather_than_running_the_command(tmp_path):
     # `dpmerge` runs a command in its own process when the server is unavailable; a job told to stop must not
     job, command = held_server(tmp_path, start_command=False)

@@ -33,6 +33,7 @@ def _hold(folder, pool, claimed, release):
     release.wait()
 
 
+@pytest.mark.slow
 def test_concurrent_claims_get_distinct_devices_and_a_freed_device_is_reused(tmp_path):
     context = multiprocessing.get_context("spawn")
     claimed, releases = context.Queue(), [context.Event() for _ in range(3)]

@@ -164,6 +164,7 @@ def merged_toy(tmp_path, toy_backbone, toy_data, monkeypatch):
     return tmp_path, args, base, vectors, merged, toy_backbone, features, labels
 
 
+@pytest.mark.slow
 def test_landscape_command_on_both_planes_then_plot(merged_toy, capsys):
     folder, args, base, vectors, merged, backbone, features, labels = merged_toy
     cli.main(["landscape", *args, "--plane", "task_vectors", "--points", "3", "--span", "0.5",
@@ -220,6 +221,7 @@ def test_task_vector_plane_needs_two_task_vectors(merged_toy):
         cli.main(["landscape", *one_vector, "--plane", "task_vectors", "-o", str(folder / "x.parquet")])
 
 
+@pytest.mark.slow
 def test_plot_landscape_writes_png_and_pdf_for_two_methods(tmp_path):
     grid = np.linspace(-1.0, 1.0, 5)
     frames = []

@@ -251,6 +251,7 @@ def test_reference_settings_stream_bit_identically(tmp_path, name, hyper):
     assert all(torch.equal(streamed[key], in_memory[key]) for key in in_memory)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("operator,hyper,message", [
     ("ties", {"trim": "nearest"}, "ties trim must be 'round' or 'reference', got 'nearest'"),
     ("ties", {"zero_sign": "minority"}, "ties zero_sign must be 'none' or 'majority', got 'minority'"),

@@ -43,6 +43,7 @@ def run_mix(tmp_path, components, target=3.0, **kwargs):
     return mixture, out_vector, out_head
 
 
+@pytest.mark.slow
 def test_a_mixture_releases_one_component_as_it_is_with_a_record_the_ledger_recomputes(tmp_path):
     components = [release(tmp_path, 1.0), release(tmp_path, 8.0)]
     mixture, out_vector, out_head = run_mix(tmp_path, components, target=3.0)
@@ -61,6 +62,7 @@ def test_a_mixture_releases_one_component_as_it_is_with_a_record_the_ledger_reco
     assert run_mix(tmp_path, components, target=3.0)[0]["selected"] == chosen
 
 
+@pytest.mark.slow
 def test_the_ledger_catches_a_mixture_whose_record_claims_less_than_its_components_give(tmp_path):
     components = [release(tmp_path, 1.0), release(tmp_path, 8.0)]
     _, out_vector, _ = run_mix(tmp_path, components, target=3.0)
@@ -80,6 +82,7 @@ def run_combine(tmp_path, components, target=2.0, weights=None, seed=0, release_
     return combination, out_vector, out_head
 
 
+@pytest.mark.slow
 def test_mixtures_and_combinations_are_logged_as_functions_of_their_components_and_never_composed(tmp_path):
     components = [release(tmp_path, 1.0), release(tmp_path, 8.0)]
     _, mixed, _ = run_mix(tmp_path, components, target=3.0)
@@ -118,6 +121,7 @@ def independent_composition(records, delta):
     return accountant.get_epsilon(delta)
 
 
+@pytest.mark.slow
 def test_a_combination_releases_the_average_of_independent_repetitions_at_their_composition(tmp_path):
     components = [release(tmp_path, 1.0, seed=s) for s in (0, 1, 2)]
     combination, out_vector, out_head = run_combine(tmp_path, components, target=2.0, seed=4)
@@ -153,6 +157,7 @@ def test_the_ledger_catches_a_combination_that_claims_less_than_its_composition(
     assert any("spends epsilon" in p or "exceeds" in p for p in problems), problems
 
 
+@pytest.mark.slow
 def test_a_combination_that_cannot_be_made_is_refused_by_name(tmp_path):
     first, second = release(tmp_path, 1.0, seed=0), release(tmp_path, 1.0, seed=1)
     with pytest.raises(ValueError, match="repeat a seed"):
@@ -180,6 +185,7 @@ def test_the_inverse_cdf_draw_gives_each_component_its_probability():
     assert draw_component([0.5, 0.5], 1.0 - 1e-17) == 1
 
 
+@pytest.mark.slow
 def test_bad_components_and_settings_are_refused_by_name(tmp_path):
     low, high = release(tmp_path, 1.0), release(tmp_path, 8.0)
     other_task = release(tmp_path, 8.0, task="mnist1d")
@@ -202,6 +208,7 @@ def test_bad_components_and_settings_are_refused_by_name(tmp_path):
     assert not (tmp_path / "nothing.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_the_command_line_reports_a_bad_target_without_a_traceback(tmp_path, capsys):
     low, high = release(tmp_path, 1.0), release(tmp_path, 8.0)
     with pytest.raises(SystemExit, match="error: --target-epsilon must be a positive number"):
@@ -211,6 +218,7 @@ def test_the_command_line_reports_a_bad_target_without_a_traceback(tmp_path, cap
     assert read_metadata(low[0])["task"] == "digits"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mix_config,message", [
     ({"targets": [6], "methods": ["nonprivate"]}, "mix.methods: 'nonprivate' must be one of the configured private"),
     ({"targets": [6], "methods": ["naive_dp"], "operator": "fisher"}, "mix.operator: 'fisher' needs data statistics"),
@@ -259,6 +267,7 @@ def test_released_budgets_are_the_main_grids_and_the_sweeps():
     assert released_budgets(config, "effnet", "dp_sam") == []
 
 
+@pytest.mark.slow
 def test_a_mixture_of_add_remove_releases_is_bounded_by_their_public_size_and_never_carries_n(tmp_path):
     components = [release(tmp_path, e, neighbouring="add_remove", num_train_examples=None, public_n=2 * N,
                           delta=1 / (2 * N))

@@ -67,6 +67,7 @@ def test_a_two_model_selection_matches_the_exact_gaussian_mixture():
     assert alone[0] < ours < alone[1]
 
 
+@pytest.mark.slow
 def test_a_subsampled_two_model_selection_matches_dp_accountings_pld_computed_independently():
     from dp_accounting.pld import privacy_loss_distribution
 
@@ -103,6 +104,7 @@ def test_no_selection_below_the_cheapest_component_and_bad_utilities_are_refused
         selection_probabilities([1e-7, 1e-6], [1.0, float("nan")], 1e-5)
 
 
+@pytest.mark.slow
 def test_a_target_between_two_budgets_mixes_both_and_its_recomputed_epsilon_meets_the_target():
     components = [calibrated(1.0), calibrated(8.0)]
     selection = plan_selection(components, target_epsilon=4.0, delta=DELTA)

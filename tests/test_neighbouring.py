@@ -28,6 +28,7 @@ def replace_one_pld(sigma, q, steps, delta):
     return accountant.get_epsilon(delta)
 
 
+@pytest.mark.slow
 def test_the_default_relation_holds_the_auditors_paper_like_claim_under_replace_one():
     from dpmerge.privacy.accounting import calibrate_noise_multiplier
 
@@ -101,6 +102,7 @@ def test_add_remove_needs_a_public_size():
     FinetuneConfig(method="nonprivate", target_epsilon=None, neighbouring="add_remove")  # nothing to account
 
 
+@pytest.mark.slow
 def test_an_add_remove_record_is_the_same_with_or_without_the_example(toy_backbone, toy_data):
     """Remove one example: every released number of the record stays the same, and none is N."""
     features, labels = toy_data
@@ -120,6 +122,7 @@ def test_an_add_remove_record_is_the_same_with_or_without_the_example(toy_backbo
     assert 64 not in [v for v in with_it.values() if isinstance(v, int)]
 
 
+@pytest.mark.slow
 def test_the_ledger_refuses_an_add_remove_record_that_carries_n():
     from dpmerge.privacy.ledger import check_ledger, ledger_of_records
     from privacy_records import release
@@ -157,6 +160,7 @@ def states_equal(first, second):
     return first == second
 
 
+@pytest.mark.slow
 def test_other_data_of_the_same_size_draws_independent_noise_under_one_key_and_names(monkeypatch, toy_backbone,
                                                                                    toy_data):
     """Same study key, same names, same settings, different data of equal N: if the noise were the same, the
@@ -186,6 +190,7 @@ def test_the_randomness_identity_holds_the_data_the_backbone_and_the_resolved_st
     assert identity["backbone_settings"] == {"image_size": 64, "kind": "effnet", "trainable_blocks": 1}
 
 
+@pytest.mark.slow
 def test_the_ledger_flags_delta_one_over_n_and_not_a_smaller_delta():
     from dpmerge.privacy.accounting import record_epsilon
     from dpmerge.privacy.ledger import check_ledger, ledger_check, ledger_of_records
@@ -202,6 +207,7 @@ def test_the_ledger_flags_delta_one_over_n_and_not_a_smaller_delta():
     assert math.isfinite(record["spent_epsilon"])
 
 
+@pytest.mark.slow
 def test_a_remembered_calibration_is_rechecked_and_a_wrong_one_recomputed(tmp_path, monkeypatch):
     from dpmerge.privacy import pld
 
@@ -226,6 +232,7 @@ def test_the_config_check_knows_which_accountants_account_replace_one():
     assert config_check.REPLACE_ONE_ACCOUNTANTS == accounting.REPLACE_ONE_ACCOUNTANTS
 
 
+@pytest.mark.slow
 def test_a_private_statistic_of_an_add_remove_release_samples_at_its_public_size():
     from dpmerge.privacy.statistics import private_sample
     from privacy_records import release
@@ -238,6 +245,7 @@ def test_a_private_statistic_of_an_add_remove_release_samples_at_its_public_size
         private_sample("gram", {**record, "public_n": None}, "v" * 64, 1200, 256, 1.0, 1.0, TEST_STUDY_KEY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 def test_an_honest_add_remove_pld_release_passes_its_second_accountant(epsilon):
     """Opacus's PRV returns the upper end of its estimate; at its default error (0.01) an honest PLD claim of 1.0
@@ -251,6 +259,7 @@ def test_an_honest_add_remove_pld_release_passes_its_second_accountant(epsilon):
     assert table["independent_epsilon"].iloc[0] == pytest.approx(record["spent_epsilon"], rel=3e-3)
 
 
+@pytest.mark.slow
 def test_the_config_check_names_what_a_relation_needs():
     import copy
     from pathlib import Path

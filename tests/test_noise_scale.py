@@ -34,6 +34,7 @@ def _flat(tensors):
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["naive_dp", "dp_merging"])
 def test_the_dp_piece_is_the_spread_of_the_runs_own_privatized_gradient(toy_backbone, toy_data, method):
     """s_dp = sigma C / B read from a toy run's record is the per-coordinate std of the privatized gradient that run's
@@ -136,6 +137,7 @@ def _rows(backbone, method, label, sweep, eps, noise_scales, normalized, barrier
             for i, (t, n) in enumerate(zip(noise_scales, normalized))]
 
 
+@pytest.mark.slow
 def test_group_summary_takes_geometric_means_and_measures_from_the_nonprivate_group_of_largest_gain(tmp_path):
     from dpmerge.report.noise_scale import group_summary, plot_noise_scale, setting_summary, write_noise_table
 
@@ -184,6 +186,7 @@ def _seeded_study():
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_settings_average_seeds_and_the_readings_pair_them():
     from scipy.stats import t as student_t
 

@@ -32,6 +32,7 @@ def one_line_error(result, *fragments):
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", [b"", b"task,label\nhello,1\n", "safetensors"])
 def test_prepared_data_that_is_not_a_prepared_task_is_named(tmp_path, content):
     data = tmp_path / "task.pt"
@@ -47,6 +48,7 @@ def test_prepared_data_that_is_not_a_prepared_task_is_named(tmp_path, content):
     assert not (tmp_path / "v.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_a_folder_given_as_score_files_is_refused_not_read_as_a_dataset(tmp_path):
     (tmp_path / "scores").mkdir()
     result = run_cli("table", tmp_path / "scores", "--kind", "multitask", "--out-prefix", tmp_path / "t")
@@ -54,6 +56,7 @@ def test_a_folder_given_as_score_files_is_refused_not_read_as_a_dataset(tmp_path
     assert not list(tmp_path.glob("t.*"))
 
 
+@pytest.mark.slow
 def test_drift_refuses_a_head(tmp_path):
     w0 = {"w": torch.ones(3)}
     save_tensors(tmp_path / "w0.safetensors", w0, {"w0_sha256": tensors_sha256(w0)})
@@ -80,6 +83,7 @@ def test_a_full_disk_names_the_folder_and_keeps_what_was_there(tmp_path):
     assert target.read_bytes() == b"earlier result" and sorted(tmp_path.iterdir()) == [target]
 
 
+@pytest.mark.slow
 def test_the_ledger_of_post_processed_releases_alone_fails_saying_their_releases_are_missing(tmp_path):
     from dpmerge.artifacts import POST_PROCESSING
 

@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from dpmerge.openmp_wait import SPIN_COUNT, limit_spinning
 
 WORKFLOW = Path(__file__).resolve().parents[1] / "workflow"
@@ -49,6 +51,7 @@ def _spin_count_torch_loads_with(environment: dict, argv=RUNS_A_STAGE) -> str:
     return result.stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1]
 
 
+@pytest.mark.slow
 def test_the_dpmerge_command_sets_it_before_torch_loads():
     environment = {name: value for name, value in os.environ.items()
                    if name not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "DPMERGE_FORKSERVER")}

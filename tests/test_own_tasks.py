@@ -142,6 +142,7 @@ def test_the_config_check_refuses_a_bad_declaration_before_any_job(own, tasks, m
         check_config(config_with(own, tasks))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, message", [
     ("no_label_column", r"own_tasks.reviews.table: .*r.csv has no column 'label' \(its columns: review, stars\); name"),
     ("one_class", r"own_tasks.reviews.table: .*r.csv holds 1 distinct label\(s\) in column 'stars'; a "

@@ -137,6 +137,7 @@ def test_zeroshot_head_is_task_vectors_classifier(clip_files):
     assert torch.equal(head["bias"], torch.zeros(3))
 
 
+@pytest.mark.slow
 def test_clip_finetune_keeps_the_zero_shot_head_frozen(clip_files):
     backbone = clip_backbone(clip_files)
     head = backbone.zeroshot_head(["a", "b", "c"], [lambda c: f"a photo of a {c}."])
@@ -214,6 +215,7 @@ def test_roberta_checkpoint_that_does_not_fit_is_refused(roberta_dir, tmp_path):
         load_backbone("roberta_base", checkpoint=str(broken))
 
 
+@pytest.mark.slow
 def test_regression_head_trains_privately_and_scores_by_spearman(roberta_dir):
     backbone = load_backbone("roberta_base", checkpoint=str(roberta_dir), max_length=16)
     texts = [(CORPUS[i % 4], CORPUS[(i + 1) % 4]) for i in range(40)]
@@ -257,6 +259,7 @@ def test_device_selection(clip_files):
         assert not torch.is_autocast_enabled("cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["bookkeeping", "functorch"])
 def test_clipping_under_bf16_autocast_happens_in_float32(clip_files, strategy):
     """Under autocast the forward runs in bf16; per-example norms, clipping factors and sums stay float32, so
@@ -293,6 +296,7 @@ def test_unknown_backbone_lists_the_known_ones():
     assert BACKBONES["clip_vit_l14"].zeroshot_heads and not BACKBONES["roberta_large"].zeroshot_heads
 
 
+@pytest.mark.slow
 def test_prepare_names_a_missing_dataset_and_how_to_get_it(tmp_path):
     import subprocess
     import sys

@@ -25,6 +25,7 @@ def tiny_roberta():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("clip", ["all clipped", "median", "none clipped"])
 @pytest.mark.parametrize("build", [tiny_vit, tiny_roberta], ids=["vit", "roberta"])

@@ -8,6 +8,7 @@ from dpmerge.privacy.accounting import calibrate_noise_multiplier, effective_noi
 from privacy_records import ledger, release
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [1.0, 2.0, 4.0, 8.0])
 @pytest.mark.parametrize("queries", [1, 2])
 def test_calibrated_sigma_meets_target_and_is_tight(target, queries):
@@ -20,6 +21,7 @@ def test_calibrated_sigma_meets_target_and_is_tight(target, queries):
     assert spent_epsilon(0.95 * sigma, q, steps, delta, queries_per_step=queries) > spent
 
 
+@pytest.mark.slow
 def test_dp_sam_noise_is_sqrt2_times_dp_sgd_noise():
     q, steps, delta = 0.01, 300, 1e-4
     sgd = calibrate_noise_multiplier(4.0, delta, q, steps, queries_per_step=1)
@@ -62,6 +64,7 @@ def test_rdp_epsilon_agrees_with_dp_accounting(sigma, q, steps, delta, queries):
     assert ours == pytest.approx(theirs, rel=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,q,steps,queries", [
     (4.0, 64 / 1200, 19, 2), (1.0, 64 / 1200, 19, 1), (8.0, 64 / 958, 15, 2), (1.0, 256 / 1200, 1, 1),
 ])
@@ -95,6 +98,7 @@ def test_bad_inputs_name_the_field():
         calibrate_noise_multiplier(4.0, 0.0, 0.1, 10)
 
 
+@pytest.mark.slow
 def test_replace_one_is_calibrated_exactly_between_add_remove_and_doubling():
     """Under replacement a clipped sum moves by up to 2C, but under Poisson sampling doubling sigma (the paper's
     App. C.1 rule) overcharges: the PLD calibrates to the target exactly, with more noise than add/remove needs and
@@ -133,6 +137,7 @@ def test_composition_of_different_mechanisms_agrees_with_dp_accounting():
     assert composed_epsilon(mechanisms, 1e-3, "rdp", "add_remove") == pytest.approx(theirs.get_epsilon(1e-3), rel=3e-3)
 
 
+@pytest.mark.slow
 def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in_one_group():
     from dpmerge.privacy.ledger import check_ledger, ledger_report
 
@@ -149,6 +154,7 @@ def test_ledger_groups_sensitivity_runs_apart_and_flags_a_task_released_twice_in
     assert "spent epsilon 4.2 exceeds target 4.0" in check_ledger(over)[0]
 
 
+@pytest.mark.slow
 def test_the_ledger_check_states_its_verdict_as_data():
     """What the answer page reads (privacy/ledger_check.json): the verdict and its problems, from the same check."""
     from dpmerge.privacy.ledger import check_ledger, ledger_check
@@ -168,6 +174,7 @@ def test_the_ledger_check_states_its_verdict_as_data():
     assert failed["verdict"] == "FAIL" and "spent epsilon 4.2 exceeds target 4.0" in failed["problems"][0]
 
 
+@pytest.mark.slow
 def test_ledger_recomputes_epsilon_from_each_record_and_refuses_unkeyed_randomness():
     from dpmerge.privacy.ledger import check_ledger
 
@@ -246,6 +253,7 @@ def test_a_large_budget_is_checked_on_the_orders_both_accountants_compute_exactl
     assert check_ledger(ledger(("a.safetensors", record))) == []
 
 
+@pytest.mark.slow
 def test_publishing_several_budgets_of_a_task_composes_them_and_the_ledger_says_so():
     import pandas as pd
 
@@ -274,6 +282,7 @@ def test_publishing_several_budgets_of_a_task_composes_them_and_the_ledger_says_
     assert "Everything published, composed per task" in ledger_report(releases, [])
 
 
+@pytest.mark.slow
 def test_public_statistics_must_read_a_dataset_outside_every_private_training_set():
     import pandas as pd
 
@@ -288,6 +297,7 @@ def test_public_statistics_must_read_a_dataset_outside_every_private_training_se
     assert check_statistics(pd.DataFrame([row]), releases)  # no public dataset named at all
 
 
+@pytest.mark.slow
 def test_a_private_statistic_without_a_composed_budget_is_refused(tmp_path):
     """Read back from a file as the ledger reads it: an absent total is NaN (it was the string 'None', which the
     check took for a budget)."""
@@ -310,6 +320,7 @@ def test_a_private_statistic_without_a_composed_budget_is_refused(tmp_path):
     assert check_statistics(table.assign(total_epsilon=4.7), releases) == []
 
 
+@pytest.mark.slow
 def test_ledger_budgets_are_floats_with_infinity_for_the_reference():
     table = ledger(release("a"), release("a", method="nonprivate"), ("x.safetensors", {"task": "c"}))
     assert table["target_epsilon"].dtype == float and table["spent_epsilon"].dtype == float
@@ -318,6 +329,7 @@ def test_ledger_budgets_are_floats_with_infinity_for_the_reference():
     assert table["target_epsilon"].isna().iloc[2]  # an incomplete record: nothing recorded, not infinity
 
 
+@pytest.mark.slow
 def test_the_ledger_accounts_each_distinct_mechanism_once_and_never_lends_one_records_epsilon_to_another(
         monkeypatch):
     from dpmerge.privacy import ledger as ledger_module

@@ -20,6 +20,7 @@ def the_example() -> str:
     return blocks[0]
 
 
+@pytest.mark.slow
 def test_the_documented_example_runs_and_its_release_passes_the_ledger(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(the_example(), "docs/python-api.md", "exec"), {"__name__": "__main__"})
@@ -44,6 +45,7 @@ def task():
     return nn.Sequential(nn.Linear(5, 8), nn.Tanh()), features, labels
 
 
+@pytest.mark.slow
 def test_a_release_is_accounted_from_what_ran_and_the_encoder_returns_to_w0(task, tmp_path):
     encoder, features, labels = task
     w0 = {key: value.clone() for key, value in encoder.state_dict().items()}
@@ -65,6 +67,7 @@ def test_a_release_is_accounted_from_what_ran_and_the_encoder_returns_to_w0(task
     assert not torch.equal(other.task_vector["0.weight"], release.task_vector["0.weight"])  # other task: fresh draws
 
 
+@pytest.mark.slow
 def test_a_saved_release_is_logged_beside_its_key_and_another_run_at_its_path_is_refused(task, tmp_path):
     encoder, features, labels = task
 
@@ -88,6 +91,7 @@ def test_a_saved_release_is_logged_beside_its_key_and_another_run_at_its_path_is
     assert "mechanism" not in read_metadata(paths[0]) and "release_log" not in repr(other)
 
 
+@pytest.mark.slow
 def test_merge_and_evaluate_match_the_operator_and_w0_plus_tau(task, tmp_path):
     encoder, features, labels = task
     releases = [private_finetune(encoder, features[rows], labels[rows], task=name, epsilon=2.0,

@@ -71,6 +71,7 @@ def _create(path):
     return load_or_create_key(path).hex()
 
 
+@pytest.mark.slow
 def test_parallel_jobs_creating_the_key_agree_on_one(tmp_path):
     path = tmp_path / "private/study.key"
     with multiprocessing.get_context("spawn").Pool(4) as pool:
@@ -307,6 +308,7 @@ def same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_same_key_reproduces_a_release_and_a_new_key_gives_another(toy_backbone, toy_data):
     features, labels = toy_data
     first = run(toy_backbone, features, labels)
@@ -316,6 +318,7 @@ def test_same_key_reproduces_a_release_and_a_new_key_gives_another(toy_backbone,
     assert fresh.record == first.record  # the records cannot tell the two studies apart
 
 
+@pytest.mark.slow
 def test_two_tasks_with_the_same_data_size_no_longer_share_batches_or_noise(toy_backbone, toy_data):
     """digits and mnist1d (same N, same classes) got identical batches and noise from a shared seed."""
     features, labels = toy_data
@@ -324,6 +327,7 @@ def test_two_tasks_with_the_same_data_size_no_longer_share_batches_or_noise(toy_
     assert not same(digits.task_vector, mnist1d.task_vector)
 
 
+@pytest.mark.slow
 def test_a_release_cannot_be_replayed_from_what_it_carries(toy_backbone, toy_data):
     """Neighbouring datasets D and D' (one example removed). The adversary knows both, the released task vector
     and its record. Replaying both candidates with every key a record could suggest reproduces nothing; only the
@@ -356,6 +360,7 @@ def test_a_release_cannot_be_replayed_from_what_it_carries(toy_backbone, toy_dat
                     released.task_vector)
 
 
+@pytest.mark.slow
 def test_keyed_and_secure_generators_give_different_releases(toy_backbone, toy_data):
     from dataclasses import replace
 

@@ -21,6 +21,7 @@ def test_rdp_matches_opacus_at_every_order(q, sigma):
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, delta, q, steps", [
     (4.0, 1 / 1200, 64 / 1200, 19),   # the embedded default's budget
     (8.0, 1 / 1200, 64 / 1200, 19),
@@ -34,6 +35,7 @@ def test_calibration_equals_opacus_search(target, delta, q, steps):
     assert rdp.noise_multiplier_for(target, delta, q, steps, ORDERS) == expected
 
 
+@pytest.mark.slow
 def test_composed_epsilon_equals_opacus_accountant():
     mechanisms = [(0.68, 64 / 1200, 19), (0.51 / 2**0.5, 64 / 1200, 4), (3.0, 256 / 1200, 1)]
     accountant = RDPAccountant()

@@ -87,6 +87,7 @@ def test_the_recipes_edit_only_the_places_they_name(recipe_tree):
                        "workflow/dpmerge/methods.py", "workflow/dpmerge/training/dp_step.py"]
 
 
+@pytest.mark.slow
 def test_the_config_check_accepts_them(recipe_tree):
     script = ("import yaml; from dpmerge.config_check import check_config; "
               "config = yaml.safe_load(open('config.yaml')); check_config(config); print('accepted')")
@@ -101,6 +102,7 @@ def test_the_cli_lists_them(recipe_tree):
     assert finetune_help.returncode == 0 and "dp_throwaway" in " ".join(finetune_help.stdout.split())
 
 
+@pytest.mark.slow
 def test_the_registries_and_the_method_table_take_them(recipe_tree):
     script = (
         "from dpmerge.merge.registry import OPERATORS, ONE_CALL; from dpmerge.training.dp_step import STEPS; "

@@ -24,6 +24,8 @@ HEIGHT = 1000
 GAINS = {"naive_dp": 0.0, "dp_merging": 3.1, "dp_sam": -1.2, "dp_anchor": 2.4, "dp_sat": 1.7, "dp_sat_anchor": 2.2,
          "nonprivate": 30.5}
 OPERATORS = ("ties", "weight_averaging", "task_arithmetic")
+# a headless browser (Debian's chromium through playwright): beyond the fast tier (tests/tiers.py)
+pytestmark = pytest.mark.system
 
 
 def chromium() -> str:

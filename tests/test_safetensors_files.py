@@ -161,6 +161,7 @@ write_tensors_streaming(sys.argv[1] + "/streamed.safetensors", layout, iter(tens
 """
 
 
+@pytest.mark.slow
 def test_the_same_tensors_and_record_make_the_same_bytes_in_every_process(tmp_path):
     # the library writes metadata from a hash map seeded per process: without canonical_metadata_order, 40 keys
     # come out in the same order in two processes with a chance of 1 in 40!
@@ -271,6 +272,7 @@ FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(cut=st.integers(min_value=0, max_value=10**6))
 def test_fuzz_truncated_files_are_refused(good, cut):

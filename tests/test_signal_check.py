@@ -29,6 +29,7 @@ def test_chance_is_what_an_input_blind_predictor_reaches():
         chance_level("auc", binary)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", [m for m in METRICS if m != "spearman"])
 def test_no_input_blind_predictor_beats_chance(metric):
     """Constant predictions and random ones drawn with the labels' shares stay at or below the chance level

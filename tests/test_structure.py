@@ -242,6 +242,7 @@ def test_every_rules_file_is_included():
     assert set(rule_files()) == set((ROOT / "workflow" / "rules").glob("*.smk"))
 
 
+@pytest.mark.slow
 def test_no_test_module_imports_another():
     """What tests share lives in helper modules (workflow_runs, privacy_records, brute_force, tiny_files,
     audit_toys): a test module imported for one name runs its own module-level code and fixtures in another."""

