@@ -522,3 +522,14 @@ def test_the_spec_table_imports_neither_torch_nor_numpy():
              "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_every_operator_with_one_merged_vector_has_its_one_call_by_name():
+    """merge/registry.py gives each one-call function (ties(task_vectors, density=0.5), ...) as a module attribute,
+    listed by dir() too, and no other name."""
+    import dpmerge.merge.registry as registry
+
+    assert all(getattr(registry, name) is call for name, call in registry.ONE_CALL.items())
+    assert set(registry.ONE_CALL) <= set(dir(registry))
+    with pytest.raises(AttributeError, match="has no attribute 'tie'"):
+        registry.tie  # noqa: B018
