@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import dpmerge.merge.registry
 from dpmerge.artifacts import save_released, tensors_sha256
 from dpmerge.merge.registry import is_personalized
-from dpmerge.merge.registry import merge as merge_vectors
 from dpmerge.metrics import METRICS
 from dpmerge.models.base import Backbone, task_model_weights
 from dpmerge.models.evaluation import evaluate_head
@@ -193,7 +193,7 @@ def merge(task_vectors: list, operator: str = "task_arithmetic", **hyperparamete
         raise ValueError(f"{operator} keeps per-task parts beside a shared model (one model per task), not one "
                          "merged vector: use dpmerge.merge.registry.merge_stream")
     vectors = [v.task_vector if isinstance(v, Release) else v for v in task_vectors]
-    return merge_vectors(operator, vectors, **hyperparameters)
+    return dpmerge.merge.registry.merge(operator, vectors, **hyperparameters)  # the package's merge, by its full name
 
 
 def merged_budget(releases: list[Release]) -> tuple:

@@ -5,10 +5,15 @@ it gathers the torch-free registries and helpers of the rooms below, so each nam
 
 from __future__ import annotations
 
-from dpmerge.config_check import ConfigError, check_config, merge_hyperparameters, merge_operator  # noqa: F401
-from dpmerge.config_check import finetune_settings as configured_finetune_settings  # noqa: F401
+from dpmerge.config_check import (  # noqa: F401
+    ConfigError,
+    check_config,
+    finetune_settings,  # noqa: F401
+    merge_hyperparameters,
+    merge_operator,
+)
 from dpmerge.config_fields import denoised_counterpart  # noqa: F401
-from dpmerge.config_sampling import sampling_limits as configured_sampling_limits  # noqa: F401
+from dpmerge.config_sampling import sampling_limits  # noqa: F401
 from dpmerge.data.registry import TASKS  # noqa: F401 - every task, embedded and the paper's
 from dpmerge.epsilon import NONPRIVATE_LABEL, eps_label, epsilon_of_label, epsilon_value  # noqa: F401
 from dpmerge.merge.specs import DENOISERS, NEEDS_STATISTICS  # noqa: F401 - merge operators, denoisers

@@ -20,8 +20,8 @@ def ace_labels():
     """Display names: an ACE entry by its stage (E1-E4, the ACE paper's Table 4 rows) and prior."""
     labels = {}
     for name in ACE["operators"]:
-        if merge_operator(name) == "ace":
-            settings = {**OPERATOR_SPECS["ace"].defaults, **merge_hyperparameters(name)}
+        if operator_of(name) == "ace":
+            settings = {**OPERATOR_SPECS["ace"].defaults, **hyperparameters_of(name)}
             prior = ", mean-covariance prior" if settings["prior"] == "mean_cov" else ""
             labels[name] = f"ACE E{settings['stage']}{prior}"
     return json.dumps(labels, sort_keys=True)

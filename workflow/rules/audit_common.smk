@@ -93,6 +93,6 @@ def audit_group_flags(wildcards):
 
 def audit_operator_params(wildcards):
     name = wildcards.operator
-    flags = [f"--method {merge_operator(name)}"]
-    flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(merge_hyperparameters(name).items())]
+    flags = [f"--method {operator_of(name)}"]
+    flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(hyperparameters_of(name).items())]
     return " ".join(flags)

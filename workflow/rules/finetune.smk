@@ -49,7 +49,7 @@ rule prepare:
         mem_mb=backbone_resource("mem_mb", 4000),
         runtime=backbone_resource("runtime", "30m"),
         gpu=gpus,
-        sampling_limits=sampling_limits,
+        sampling_limits=sampling_limits_of,
     shell:
         f"{GPU_JOB}"
         "dpmerge prepare --backbone {wildcards.backbone} --backbone-spec {params.spec:q} "

@@ -68,7 +68,7 @@ def sensitivity_grid(parameter):
     method = sweep["method"]
     groups = []
     for b in _sweep_backbones(sweep):
-        default = finetune_settings(b, method)[parameter]
+        default = finetune_settings_of(b, method)[parameter]
         for value in sweep["values"]:
             if float(value) == float(default):
                 continue

@@ -7,11 +7,11 @@ def operator_params(wildcards):
     merge onwards)."""
     name = wildcards.operator
     flags = [
-        f"--method {merge_operator(name)}",
+        f"--method {operator_of(name)}",
         f"--vectors {config['merge'][name].get('vectors', 'task')}",
         f"--name {name}",
     ]
-    flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(merge_hyperparameters(name).items())]
+    flags += [f"--param {key}={json.dumps(value)}" for key, value in sorted(hyperparameters_of(name).items())]
     flags += [f"--statistics {path}" for path in merge_statistics_files(wildcards)]
     return " ".join(flags)
 
@@ -25,7 +25,7 @@ def merge_vectors(wildcards):
 
 def merge_statistics_files(wildcards):
     """The statistics a merge reads (RegMean, Fisher), or none."""
-    if merge_operator(wildcards.operator) not in NEEDS_STATISTICS:
+    if operator_of(wildcards.operator) not in NEEDS_STATISTICS:
         return []
     return [STATISTICS.format(**wildcards)]
 
@@ -34,7 +34,7 @@ def statistics_params(wildcards):
     name = wildcards.operator
     settings = config["merge"][name]["statistics"]
     flags = [
-        f"--kind {NEEDS_STATISTICS[merge_operator(name)]}",
+        f"--kind {NEEDS_STATISTICS[operator_of(name)]}",
         f"--source {settings['data']}",
         f"--examples {settings.get('examples', 256)}",
     ]
@@ -59,7 +59,7 @@ def all_statistics():
         STATISTICS.format(operator=name, **g)
         for g in all_groups()
         for name in g["merges"]
-        if merge_operator(name) in NEEDS_STATISTICS
+        if operator_of(name) in NEEDS_STATISTICS
     ]
 
 
@@ -76,7 +76,7 @@ DIAGNOSED_MERGES = (
 
 def _group_merge(name):
     entry = config["merge"][name]
-    return merge_operator(name) not in NEEDS_STATISTICS and not entry.get("denoise") and name not in DIAGNOSED_MERGES
+    return operator_of(name) not in NEEDS_STATISTICS and not entry.get("denoise") and name not in DIAGNOSED_MERGES
 
 
 GROUP_MERGES = [name for name in OPERATOR_NAMES if _group_merge(name)]
@@ -99,9 +99,9 @@ def group_merges_json(wildcards):
     return json.dumps(
         {
             name: {
-                "method": merge_operator(name),
+                "method": operator_of(name),
                 "vectors": config["merge"][name].get("vectors", "task"),
-                "params": merge_hyperparameters(name),
+                "params": hyperparameters_of(name),
             }
             for name in GROUP_MERGES
         },

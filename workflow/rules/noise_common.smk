@@ -16,7 +16,7 @@ def noise_groups():
         for m in NOISE["methods"]:
             private = METHODS[m].private
             centre = PRIVATE_EPS[0] if private else NONPRIVATE_LABEL
-            settings = finetune_settings(b, m)
+            settings = finetune_settings_of(b, m)
             varied = [(m, centre, "centre")]
             varied += [(sweep_label(m, "lr", f * float(settings["lr"])), centre, "lr") for f in NOISE["lr_factors"]]
             for parameter, values in (("batch_size", NOISE["batch_sizes"]), ("weight_decay", NOISE["weight_decays"])):

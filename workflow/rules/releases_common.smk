@@ -25,9 +25,9 @@ def planned_releases():
             planned[TV.format(task=task, **group)] = fine_tune_settings(group, task)
         for name in group["merges"]:
             statistic = config["merge"][name].get("statistics", {})
-            if merge_operator(name) in NEEDS_STATISTICS and statistic.get("data") == "private":
+            if operator_of(name) in NEEDS_STATISTICS and statistic.get("data") == "private":
                 planned[STATISTICS.format(operator=name, **group)] = statistics_settings(
-                    kind=NEEDS_STATISTICS[merge_operator(name)],
+                    kind=NEEDS_STATISTICS[operator_of(name)],
                     examples=statistic.get("examples", 256),
                     clip_norm=statistic["clip_norm"],
                     epsilon=statistic["epsilon"],

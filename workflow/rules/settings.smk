@@ -22,20 +22,20 @@ from dpmerge.catalog import (
     backbone_settings,
     changed_settings,
     check_config,
-    configured_finetune_settings,
-    configured_sampling_limits,
     eps_label,
+    finetune_settings,
     epsilon_of_label,
     epsilon_sweep_table_caption,
     gap_bound_figure_title,
     interpolation_figure_title,
     landscape_figure_title,
-    merge_hyperparameters as _merge_hyperparameters,
-    merge_operator as _merge_operator,
+    merge_hyperparameters,
+    merge_operator,
     multitask_table_caption,
     operators_table_caption,
     parse_label,
     run_settings,
+    sampling_limits,
     sensitivity_table_caption,
     sharpness_drift_figure_title,
     statistics_settings,
@@ -65,12 +65,13 @@ def result(path):
     return f"{RESULTS}/{path}"
 
 
-def merge_operator(name):
-    return _merge_operator(config, name)
+def operator_of(name):
+    """The merge operator a configured merge runs (a merge's name may differ from its operator's)."""
+    return merge_operator(config, name)
 
 
-def merge_hyperparameters(name):
-    return _merge_hyperparameters(config, name)
+def hyperparameters_of(name):
+    return merge_hyperparameters(config, name)
 
 
 def eps_labels_for(method):
@@ -190,21 +191,21 @@ def own_task_argument(wildcards):
     return f"--own-task {shlex.quote(json.dumps(absolute, sort_keys=True))}"
 
 
-def finetune_settings(backbone, method, task=None):
-    return configured_finetune_settings(config, backbone, method, task)
+def finetune_settings_of(backbone, method, task=None):
+    return finetune_settings(config, backbone, method, task)
 
 
-def sampling_limits(wildcards):
+def sampling_limits_of(wildcards):
     """A task's largest batch size and delta, which `prepare` holds against the N it reads (a resource, not a
     param: the check changes no output, so it reruns nothing)."""
-    limits = configured_sampling_limits(config, wildcards.backbone, wildcards.task)
+    limits = sampling_limits(config, wildcards.backbone, wildcards.task)
     return json.dumps(limits, sort_keys=True, separators=(",", ":"))
 
 
 def finetune_hparams(wildcards):
     """The release group's settings, with the study's privacy settings (how the mechanism draws and which
     neighbouring relation it is calibrated for); a sensitivity label's value overrides them last."""
-    settings = finetune_settings(wildcards.backbone, method_of(wildcards.method), wildcards.task)
+    settings = finetune_settings_of(wildcards.backbone, method_of(wildcards.method), wildcards.task)
     # whether a logged release may be replaced is the workflow's permission, not a setting of the mechanism
     settings.update({k: v for k, v in config["privacy"].items() if k != "replace_releases"})
     public_n = settings.get("public_n")

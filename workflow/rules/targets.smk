@@ -34,7 +34,7 @@ def sensitivity_scores(parameter, backbone):
 def _sensitivity_values(parameter, backbone):
     """Distinct values of `parameter` the table would show: the sweep's and the main run's."""
     method = SWEEPS[parameter]["method"]
-    values = {float(finetune_settings(backbone, method)[parameter])} if method in config["methods"] else set()
+    values = {float(finetune_settings_of(backbone, method)[parameter])} if method in config["methods"] else set()
     values |= {
         sensitivity_override(g["method"])[parameter] for g in sensitivity_grid(parameter) if g["backbone"] == backbone
     }
@@ -114,7 +114,7 @@ def protocol_candidates():
     private methods' fine-tuning settings."""
     candidates = {}
     for b, entry in config["backbones"].items():
-        settings = finetune_settings(b, "naive_dp")
+        settings = finetune_settings_of(b, "naive_dp")
         candidates[b] = {
             "kind": entry["kind"],
             "trainable_blocks": entry.get("trainable_blocks"),

@@ -83,15 +83,24 @@ def ace_gates(*, task_vectors: list[str], out: str, gamma_threshold: float = 0.3
         f"(gamma median {gates['gamma'].median():.3g})")
 
 
+def diagnosed(backbone_spec: dict, base: str, task_vectors: list[str], heads: list[str], data: list[str],
+              merged: str | None = None):
+    """The opening every model diagnostic shares, in one order (so a bad input is named the same way by each):
+    (network, task vectors, w0 checked against their records and the merged model's, each task's (head, record,
+    prepared data), the merged model's tensors and metadata, None without `merged`)."""
+    network = backbone_from_spec(backbone_spec)
+    model, merged_meta = load_tensors(merged) if merged is not None else (None, None)
+    vectors, metas = read_task_vectors(task_vectors)
+    w0 = checked_w0(base, metas, task_vectors, merged_meta, merged)
+    return network, vectors, w0, load_heads_and_data(heads, data), model, merged_meta
+
+
 def interpolate(*, backbone_spec: dict, base: str, merged: str, task_vectors: list[str], heads: list[str],
                 data: list[str], out: str, points: int = 11, max_examples: int = 200) -> None:
     """Loss and score along (1 - gamma) w_t + gamma w_merge at `points` gammas in [0, 1], and the barrier."""
-    network = backbone_from_spec(backbone_spec)
-    model, merged_meta = load_tensors(merged)
-    vectors, metas = read_task_vectors(task_vectors)
-    w0 = checked_w0(base, metas, task_vectors, merged_meta, merged)
+    network, vectors, w0, tasks, model, merged_meta = diagnosed(backbone_spec, base, task_vectors, heads, data,
+                                                                merged)
     merged_vector = {name: model[name] - w0[name] for name in w0}
-    tasks = load_heads_and_data(heads, data)
     gammas = np.linspace(0.0, 1.0, points)
     rows = []
     started = time.perf_counter()
@@ -123,11 +132,8 @@ def curvature(*, backbone_spec: dict, base: str, merged: str, task_vectors: list
     if not gammas or any(not 0 <= g <= 1 for g in gammas) or gammas[0] != 0:
         raise ValueError(f"--gammas must start at 0 and lie in [0, 1], got {list(gammas)}")
 
-    network = backbone_from_spec(backbone_spec)
-    model, merged_meta = load_tensors(merged)
-    vectors, metas = read_task_vectors(task_vectors)
-    w0 = checked_w0(base, metas, task_vectors, merged_meta, merged)
-    tasks = load_heads_and_data(heads, data)
+    network, vectors, w0, tasks, model, merged_meta = diagnosed(backbone_spec, base, task_vectors, heads, data,
+                                                                merged)
     rows = []
     started = time.perf_counter()
     with compute_section("sharpness, lambda_max and merge gap", log):
@@ -228,10 +234,7 @@ def linearity(*, curvature: str, backbone_spec: dict, base: str, task_vectors: l
     lambda_max, measured_on = curvature_lambdas(curvature)
 
 
-    network = backbone_from_spec(backbone_spec)
-    vectors, metas = read_task_vectors(task_vectors)
-    w0 = checked_w0(base, metas, task_vectors)
-    tasks = load_heads_and_data(heads, data)
+    network, vectors, w0, tasks, _, _ = diagnosed(backbone_spec, base, task_vectors, heads, data)
     if len(tasks) < 2:
         raise ValueError("joint-task linearity needs two or more tasks")
     with compute_section("joint-task linearity", log):
