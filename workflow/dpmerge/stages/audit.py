@@ -31,7 +31,6 @@ from dpmerge.privacy.audit import audit_scores, exposure_difference
 from dpmerge.privacy.audit_ledger import build_audit_ledger, claimed_epsilon
 from dpmerge.privacy.randomness import MechanismRandomness
 from dpmerge.privacy.release_log import (
-    ReleaseLogError,
     audit_run_settings,
     check_replacement,
     publish_file,
@@ -80,7 +79,8 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
     num_classes = prepared["task_spec"]["num_classes"]
     # keyed by the audit run's full identity (every setting, the seed, the weights), as its sampler and noise are
     mechanism = finetune_identity(config, identity, network.checkpoint_sha256)
-    release_log, tag = checked_release(study_key, mechanism_fingerprint(key, mechanism), out, replace_release)
+    release_log, tag = release_log_path(study_key), mechanism_fingerprint(key, mechanism)
+    check_replacement(release_log, [out], tag, allowed=replace_release)  # before the run: a refusal costs nothing
     inputs = None
     if kind == "black_box":
         grouped = {prepared["class_names"].index(c) for classes in (groups or {}).values() for c in classes}
@@ -126,17 +126,6 @@ def audit(*, backbone: str, backbone_spec: dict, data: str, method: str, hparams
         f"{audit_delta:g} ({bound['correct']}/{bound['guesses']} guesses right, {canaries} canaries), claimed "
         f"{claimed:.3f}: {row['verdict']}")
     return row
-
-
-def checked_release(study_key: str, tag: str, out: str, replace_release: bool):
-    """(the study's release log, the run's tag), once the log holds no other run's audit at `out` (or replacing
-    is allowed): checked before the run, so a refused release costs no training."""
-    release_log = release_log_path(study_key)
-    try:
-        check_replacement(release_log, [out], tag, allowed=replace_release)
-    except ReleaseLogError as error:
-        raise ValueError(str(error)) from None
-    return release_log, tag
 
 
 def check_groups(groups: dict[str, list[str]], prepared: dict) -> None:

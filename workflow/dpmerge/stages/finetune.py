@@ -11,7 +11,6 @@ from dpmerge.methods import parse_label
 from dpmerge.models.registry import BACKBONES
 from dpmerge.models.spec import backbone_from_spec
 from dpmerge.privacy.release_log import (
-    ReleaseLogError,
     backbone_settings,
     check_replacement,
     publish,
@@ -53,10 +52,7 @@ def finetune(*, backbone: str, backbone_spec: dict, data: str, method: str, hpar
                 "backbone_settings": backbone_settings(backbone_spec)}
     release_log = release_log_path(study_key)
     mechanism = mechanism_fingerprint(key, mechanism_identity(network, config, identity, features, labels))
-    try:
-        check_replacement(release_log, [out_vector, out_head], mechanism, allowed=replace_release)
-    except ReleaseLogError as error:
-        raise ValueError(str(error)) from None
+    check_replacement(release_log, [out_vector, out_head], mechanism, allowed=replace_release)
     result = train(network, prepared["task_spec"]["num_classes"], features, labels, config, study_key=key,
                    identity=identity, log=log, checkpoint=checkpoint, checkpoint_every=checkpoint_every, head=head,
                    train_head=head is None)

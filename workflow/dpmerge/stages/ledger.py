@@ -22,7 +22,7 @@ from dpmerge.privacy.ledger import (
     statistics_of_records,
 )
 from dpmerge.privacy.ledger_log import CURRENT, LOGGED_ARTIFACTS, check_against_log
-from dpmerge.privacy.release_log import ReleaseLogError, read_entries
+from dpmerge.privacy.release_log import read_entries
 from dpmerge.stages.common import log, recorded_paths
 
 
@@ -43,10 +43,7 @@ def ledger(*, task_vectors: list[str], out: str, report: str, statistics: list[s
     table = build_ledger(task_vectors)
     log_problems, earlier, logged_runs = [], {kind: [] for kind in LOGGED_ARTIFACTS}, None
     if release_log is not None:
-        try:
-            entries = read_entries(release_log)
-        except ReleaseLogError as error:
-            raise ValueError(str(error)) from None
+        entries = read_entries(release_log)  # a ReleaseLogError is a ValueError: one line from the CLI
         for kind, files in zip(LOGGED_ARTIFACTS, (task_vectors, statistics or [], audits or [])):
             problems, earlier[kind] = check_against_log(release_log, entries, files, kind)
             log_problems += problems

@@ -39,7 +39,6 @@ from dpmerge.models.base import task_model_weights
 from dpmerge.models.spec import backbone_from_spec
 from dpmerge.privacy.release import check_public_dataset, check_release_group, merged_release_budget
 from dpmerge.privacy.release_log import (
-    ReleaseLogError,
     check_replacement,
     publish_tensors,
     release_log_path,
@@ -476,10 +475,7 @@ def statistics_mechanism(study_key: str, kind: str, metas: list[dict], vector_ha
         raise ValueError(f"--study-key: {error}") from None
     mechanism = mechanism_fingerprint(key, {"statistics": [statistic_identity(kind, meta, digest, settings)
                                                            for meta, digest in zip(metas, vector_hashes)]})
-    try:
-        check_replacement(release_log_path(study_key), [out], mechanism, allowed=replace_release)
-    except ReleaseLogError as error:
-        raise ValueError(str(error)) from None
+    check_replacement(release_log_path(study_key), [out], mechanism, allowed=replace_release)
     return key, mechanism
 
 
